@@ -1,0 +1,206 @@
+"""Server arguments: one dataclass, one set of kebab-case flags, one validation (rules C1-C4).
+
+`ServerArgs.prefill_delay` is the gate's configuration. It is a property that validates on every
+read (C2), so a programmatic change that leaves the arguments inconsistent is caught at the next
+read, and a hot reload validates a candidate copy made with `replace` before anything changes (C3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+EXECUTORS = ("torch", "sim")
+DEVICES = ("cpu", "cuda")
+
+# Flags whose values are intervals of rounds; their errors name the flag as a user typed it.
+ATTEMPT_FLAG = "--prefill-attempt-interval"
+ANY_FLAG = "--prefill-any-attempt-interval"
+DECODE_INTERVAL_FLAG = "--prefill-decode-interval"
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a `ServerArgs` field (kebab-case)."""
+    return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDelay:
+    """The gate's two intervals, as validated by `ServerArgs.prefill_delay`."""
+
+    attempt_interval: int
+    any_interval: int
+
+
+def _opt(help_text: str, default: Any = None, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help_text, **extra})
+
+
+@dataclass
+class ServerArgs:
+    """Everything a launch is configured with. Construction validates (C2, C4)."""
+
+    # The gate (C1, C2).
+    prefill_attempt_interval: int | None = _opt(
+        "ALL interval A: every A rounds since the last prefill round the gate opens if every decoding "
+        "rank also wants prefill. Set together with --prefill-any-attempt-interval."
+    )
+    prefill_any_attempt_interval: int | None = _opt(
+        "ANY interval K (>= A): every K rounds the gate opens if any rank wants prefill."
+    )
+    prefill_decode_interval: int | None = _opt(
+        "Local policy (L1): a rank with decode work prefills at most every N rounds. Refused with the gate."
+    )
+    disaggregation_mode: str = _opt("Role: null (fused), prefill or decode.", "null", choices=DISAGGREGATION_MODES)
+    # The group and the batch (C4).
+    dp_size: int = _opt("Number of attention-DP ranks (one process each with the torch executor).", 1)
+    enable_dp_attention: bool = _opt("Ranks gather their rows and vote as one group (attention DP).", False)
+    max_num_seqs: int = _opt("Running requests over the whole group; divided by --dp-size with DP attention.", 256)
+    chunked_prefill_size: int = _opt("Per-round prompt-token budget of a rank (max_scheduled_tokens).", 8192)
+    enable_mixed_prefill_decode: bool = _opt("Run decode rows and prefill chunks in one batch.", False)
+    # The Device KV pool and the host tier of every rank.
+    page_size: int = _opt("Tokens per KV page.", 16)
+    kv_pages: int = _opt("Usable Device KV pages per rank.", 4096)
+    storage_read_ticks: int = _opt("Storage ticks a prefix read takes before its prompt can be scheduled.", 4)
+    max_readmissions_per_round: int = _opt("Retracted requests restored per round at most.", 4)
+    # The executor.
+    executor: str = _opt("Forward implementation: torch (real model) or sim (cost model).", "torch", choices=EXECUTORS)
+    device: str = _opt("Torch device of the torch executor.", "cpu", choices=DEVICES)
+    sim_preset: str = _opt("Cost-model preset of the sim executor.", "h200-dp8-ep8")
+    seed: int = _opt("Seed of model weights and synthetic workloads.", 0)
+    collective_timeout_s: float = _opt("Seconds a collective may wait for a peer before the run fails.", 60.0)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def prefill_delay(self) -> PrefillDelay | None:
+        """The gate's intervals, or None when both are unset. Validates on every read (C2)."""
+        attempt = self.prefill_attempt_interval
+        any_ = self.prefill_any_attempt_interval
+        if attempt is None and any_ is None:
+            return None
+        if attempt is None or any_ is None:
+            missing, given = (ATTEMPT_FLAG, ANY_FLAG) if attempt is None else (ANY_FLAG, ATTEMPT_FLAG)
+            raise ValueError(
+                f"{given} is set ({attempt if any_ is None else any_}) but {missing} is not: "
+                f"the prefill delay gate needs both intervals"
+            )
+        for flag, value in ((ATTEMPT_FLAG, attempt), (ANY_FLAG, any_)):
+            if not _is_positive_int(value):
+                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+        if any_ < attempt:
+            raise ValueError(
+                f"{ANY_FLAG} ({any_}) must be >= {ATTEMPT_FLAG} ({attempt}): otherwise the ALL points "
+                f"a burst relies on could never be reached twice in a row"
+            )
+        if self.disaggregation_mode != "null":
+            raise ValueError(
+                f"{ATTEMPT_FLAG}/{ANY_FLAG} apply to the fused role only; "
+                f"--disaggregation-mode is {self.disaggregation_mode!r}"
+            )
+        if self.prefill_decode_interval is not None:
+            raise ValueError(
+                f"{ATTEMPT_FLAG}/{ANY_FLAG} cannot be combined with {DECODE_INTERVAL_FLAG} "
+                f"({self.prefill_decode_interval}): the local interval would break the group's alignment"
+            )
+        return PrefillDelay(attempt_interval=attempt, any_interval=any_)
+
+    @property
+    def max_batch_size(self) -> int:
+        """Running requests per rank (C4)."""
+        return self.max_num_seqs // self.dp_size if self.enable_dp_attention else self.max_num_seqs
+
+    def validate(self) -> None:
+        """Raise ValueError naming the flag(s) and value(s) of the first inconsistency found."""
+        for name in (
+            "dp_size",
+            "max_num_seqs",
+            "chunked_prefill_size",
+            "page_size",
+            "kv_pages",
+            "max_readmissions_per_round",
+        ):
+            value = getattr(self, name)
+            if not _is_positive_int(value):
+                raise ValueError(f"{flag_name(name)} must be an integer >= 1, got {value!r}")
+        if not _is_int(self.storage_read_ticks) or self.storage_read_ticks < 0:
+            raise ValueError(f"--storage-read-ticks must be an integer >= 0, got {self.storage_read_ticks!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"--seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.collective_timeout_s, int | float) or not self.collective_timeout_s > 0:
+            raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s!r}")
+        for name, choices in (
+            ("disaggregation_mode", DISAGGREGATION_MODES),
+            ("executor", EXECUTORS),
+            ("device", DEVICES),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{flag_name(name)} must be one of {', '.join(choices)}, got {value!r}")
+        if self.prefill_decode_interval is not None and not _is_positive_int(self.prefill_decode_interval):
+            raise ValueError(f"{DECODE_INTERVAL_FLAG} must be an integer >= 1, got {self.prefill_decode_interval!r}")
+        if self.enable_dp_attention and self.max_num_seqs < self.dp_size:
+            raise ValueError(
+                f"--max-num-seqs ({self.max_num_seqs}) must be >= --dp-size ({self.dp_size}) "
+                f"with --enable-dp-attention: every rank needs at least one batch slot"
+            )
+        if self.enable_mixed_prefill_decode and self.chunked_prefill_size < self.max_batch_size + self.page_size:
+            # Decode rows and the pending prefill share the round budget; the reserve must always fit.
+            raise ValueError(
+                f"--chunked-prefill-size ({self.chunked_prefill_size}) must be >= the per-rank batch "
+                f"({self.max_batch_size}) + --page-size ({self.page_size}) with --enable-mixed-prefill-decode"
+            )
+        self.prefill_delay  # noqa: B018 - the property is the single validation of the gate (C2)
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        """A validated copy with `changes` applied; raises ValueError and leaves `self` unchanged (C3)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    # -- command line -------------------------------------------------------------------------
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one kebab-case flag per field."""
+        group = parser.add_argument_group("server arguments")
+        for f in dataclasses.fields(cls):
+            flag = flag_name(f.name)
+            help_text = f.metadata.get("help", "")
+            if f.type in ("bool", bool):
+                group.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                continue
+            kind = _cli_type(f)
+            kwargs: dict[str, Any] = {"type": kind, "default": f.default, "help": f"{help_text} (default: %(default)s)"}
+            if "choices" in f.metadata:
+                kwargs["choices"] = f.metadata["choices"]
+            group.add_argument(flag, **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, namespace: argparse.Namespace) -> ServerArgs:
+        """Build from parsed flags; raises ValueError naming the flags on an invalid combination."""
+        values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
+        return cls(**values)
+
+
+def _cli_type(f: dataclasses.Field[Any]) -> type:
+    text = str(f.type)
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive_int(value: object) -> bool:
+    return _is_int(value) and value >= 1  # type: ignore[operator]

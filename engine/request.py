@@ -1,0 +1,180 @@
+"""Requests as submitted, the commands a rank takes in at intake, and the events it reports back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from engine.config import PrefillDelay
+
+
+class RequestError(ValueError):
+    """A request refused at submit; nothing in the scheduler changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One generation request.
+
+    `prompt` holds token ids when the executor needs them (torch); the simulator needs only the
+    lengths. `prefix_hit` prompt tokens are cached on the host/storage tier: the prompt first waits
+    on a storage read, then only the uncached suffix needs prefill.
+    """
+
+    rid: str
+    prompt_len: int
+    output_len: int
+    arrival: float = 0.0
+    prompt: tuple[int, ...] | None = None
+    prefix_hit: int = 0
+
+    def check(self) -> None:
+        """Raise RequestError on a request that no scheduler could serve."""
+        if not isinstance(self.rid, str) or not self.rid:
+            raise RequestError(f"request id must be a non-empty string, got {self.rid!r}")
+        if not _is_int(self.prompt_len) or self.prompt_len < 1:
+            raise RequestError(f"request {self.rid}: prompt must not be empty (prompt_len={self.prompt_len!r})")
+        if not _is_int(self.output_len) or self.output_len < 1:
+            raise RequestError(f"request {self.rid}: output_len must be >= 1, got {self.output_len!r}")
+        if not _is_int(self.prefix_hit) or not 0 <= self.prefix_hit < self.prompt_len:
+            raise RequestError(
+                f"request {self.rid}: prefix_hit must be in [0, prompt_len) = [0, {self.prompt_len}), "
+                f"got {self.prefix_hit!r}"
+            )
+        if self.prompt is not None and len(self.prompt) != self.prompt_len:
+            raise RequestError(
+                f"request {self.rid}: prompt has {len(self.prompt)} tokens but prompt_len is {self.prompt_len}"
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- commands a rank takes in at intake (R1 step 1) ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """A new request for this rank."""
+
+    request: RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Abort a request in whatever state it is."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateWeights:
+    """A weight update: the rank pauses for one round that is not prefill."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeConfig:
+    """A validated config change for rank 0 to propose in its row (G1). `delay` None turns the gate off."""
+
+    epoch: int
+    delay: PrefillDelay | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Rank 0 proposes that every rank stops after the current round."""
+
+
+Command = Submit | Abort | UpdateWeights | ProposeConfig | Stop
+
+
+# -- events a rank reports (R1 step 10) ------------------------------------------------------------
+
+
+class FinishReason(StrEnum):
+    """Why a request ended."""
+
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A prompt's first chunk was scheduled; `wait_*` is how long it waited while schedulable."""
+
+    rid: str
+    rank: int
+    round: int
+    time: float
+    wait_rounds: int
+    wait_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlanned:
+    """One prefill chunk of a request ran in `round`."""
+
+    rid: str
+    rank: int
+    round: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The request's first output token, at the end of its last prefill chunk."""
+
+    rid: str
+    rank: int
+    round: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """Output token ids produced this round (only executors that sample real tokens report them)."""
+
+    rid: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The request ended; `output_len` tokens were produced."""
+
+    rid: str
+    rank: int
+    round: int
+    time: float
+    reason: FinishReason
+    output_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """`submit` refused the request; the scheduler is unchanged."""
+
+    rid: str
+    rank: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbortIgnored:
+    """An abort named a request this rank does not hold (already ended or never seen)."""
+
+    rid: str
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retracted:
+    """A request was retracted to the host tier to free Device pages."""
+
+    rid: str
+    rank: int
+    round: int
+
+
+RequestEvent = Admitted | ChunkPlanned | FirstToken | Tokens | Finished | Refused | AbortIgnored | Retracted
