@@ -72,6 +72,18 @@ class ServerArgs:
     sim_preset: str = _opt("Cost-model preset of the sim executor.", "h200-dp8-ep8")
     seed: int = _opt("Seed of model weights and synthetic workloads.", 0)
     collective_timeout_s: float = _opt("Seconds a collective may wait for a peer before the run fails.", 60.0)
+    # The torch executor's model: a small MoE transformer, experts sharded over the ranks.
+    model_layers: int = _opt("Transformer layers of the torch executor's model.", 2)
+    model_hidden: int = _opt("Hidden size of the model.", 64)
+    model_heads: int = _opt("Attention heads of the model.", 4)
+    model_ffn: int = _opt("Expert FFN width of the model.", 128)
+    model_vocab: int = _opt("Vocabulary size of the model.", 512)
+    model_experts: int = _opt("Routed experts in total, sharded evenly over the ranks.", 8)
+    model_top_k: int = _opt("Experts each token is routed to.", 2)
+    moe_low_latency_capacity: int = _opt(
+        "Tokens per rank pair in a low-latency dispatch; 0: the per-rank batch times top-k (never overflows).", 0
+    )
+    cuda_graph_max_batch: int = _opt("Largest decode batch captured in a CUDA graph (CUDA only).", 64)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -123,6 +135,14 @@ class ServerArgs:
             "page_size",
             "kv_pages",
             "max_readmissions_per_round",
+            "model_layers",
+            "model_hidden",
+            "model_heads",
+            "model_ffn",
+            "model_vocab",
+            "model_experts",
+            "model_top_k",
+            "cuda_graph_max_batch",
         ):
             value = getattr(self, name)
             if not _is_positive_int(value):
@@ -154,7 +174,27 @@ class ServerArgs:
                 f"--chunked-prefill-size ({self.chunked_prefill_size}) must be >= the per-rank batch "
                 f"({self.max_batch_size}) + --page-size ({self.page_size}) with --enable-mixed-prefill-decode"
             )
+        if self.executor == "torch":
+            self._validate_model()
         self.prefill_delay  # noqa: B018 - the property is the single validation of the gate (C2)
+
+    def _validate_model(self) -> None:
+        """The torch executor's model must fit the group: experts shard evenly over the ranks."""
+        if not _is_int(self.moe_low_latency_capacity) or self.moe_low_latency_capacity < 0:
+            raise ValueError(
+                f"--moe-low-latency-capacity must be an integer >= 0, got {self.moe_low_latency_capacity!r}"
+            )
+        if self.model_hidden % self.model_heads:
+            raise ValueError(
+                f"--model-hidden ({self.model_hidden}) must be divisible by --model-heads ({self.model_heads})"
+            )
+        if self.model_experts % self.dp_size:
+            raise ValueError(
+                f"--model-experts ({self.model_experts}) must be divisible by --dp-size ({self.dp_size}): "
+                f"experts are sharded evenly over the ranks"
+            )
+        if self.model_top_k > self.model_experts:
+            raise ValueError(f"--model-top-k ({self.model_top_k}) must be <= --model-experts ({self.model_experts})")
 
     def replace(self, **changes: Any) -> ServerArgs:
         """A validated copy with `changes` applied; raises ValueError and leaves `self` unchanged (C3)."""

@@ -51,9 +51,7 @@ def attempt_point(rounds: int, attempt_interval: int, any_interval: int) -> Gate
     return GatePoint.NONE
 
 
-def decide(
-    rounds: int, attempt_interval: int, any_interval: int, rows: Sequence[GateRow] | None
-) -> Vote:
+def decide(rounds: int, attempt_interval: int, any_interval: int, rows: Sequence[GateRow] | None) -> Vote:
     """R4-R6: the vote as a pure function of (rounds, A, K, previous rows)."""
     point = attempt_point(rounds, attempt_interval, any_interval)
     if rows is None or point is GatePoint.NONE:

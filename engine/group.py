@@ -87,7 +87,7 @@ class TorchGroup:
         # leave its peers waiting in the same collective until the timeout.
         self._send.copy_(self._torch.tensor(row.encode(), dtype=self._torch.int64))
         try:
-            self._dist.all_gather_into_tensor(self._recv, self._send)
+            self._dist.all_gather_single(self._recv, self._send)
         except Exception as exc:  # gloo raises RuntimeError subclasses for dead or slow peers
             raise CollectiveError(f"rank {self.rank}: round all-gather failed: {exc}") from exc
         self.gathers += 1

@@ -36,6 +36,7 @@ class LaunchSpec:
     vote_log_dir: str | None = None
     idle_wait_s: float = 0.002
     threads_per_rank: int = 1
+    profile_phases: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,12 @@ class RankFailed:
 
 @dataclass(frozen=True)
 class RankExited:
-    """The rank left its loop cleanly after `rounds` rounds."""
+    """The rank left its loop cleanly after `rounds` rounds; `phases` are seconds per round phase
+    when phase profiling was on."""
 
     rank: int
     rounds: int
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 RankMessage = RankReady | RankRound | RankFailed | RankExited
@@ -89,6 +92,7 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
 
     from engine.build import build_engine
     from engine.group import TorchGroup
+    from engine.phases import PhaseTimer
 
     torch.set_num_threads(spec.threads_per_rank)
     args = spec.args
@@ -105,6 +109,8 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
             device=args.device,
         )
         engine = build_engine(rank, args, group=group)
+        if spec.profile_phases:
+            engine.timer = PhaseTimer()
         if spec.vote_log_dir:
             log = (Path(spec.vote_log_dir) / f"rank{rank}.log").open("w")
         events.put(RankReady(rank, os.getpid()))
@@ -130,7 +136,7 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
                 break
             if outcome.all_idle and not engine.inbox:
                 _wait(inbox, engine.inbox, spec.idle_wait_s)
-        events.put(RankExited(rank, rounds))
+        events.put(RankExited(rank, rounds, dict(engine.timer.totals)))
     except BaseException as exc:  # report anything, including a collective timeout, then exit non-zero
         events.put(RankFailed(rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
         events.close()
@@ -183,6 +189,7 @@ class ProcessDriver:
         vote_log_dir: str | None = None,
         record_queue_size: int = 8192,
         idle_wait_s: float = 0.002,
+        profile_phases: bool = False,
     ) -> None:
         import torch.multiprocessing as mp
 
@@ -202,6 +209,7 @@ class ProcessDriver:
             max_rounds=max_rounds,
             vote_log_dir=vote_log_dir,
             idle_wait_s=idle_wait_s,
+            profile_phases=profile_phases,
         )
         self.inboxes = [self._ctx.Queue() for _ in range(args.dp_size)]
         self.events = self._ctx.Queue()

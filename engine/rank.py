@@ -19,6 +19,7 @@ from engine.clock import Clock
 from engine.config import PrefillDelay, ServerArgs
 from engine.executor.base import DispatchMode, Executor, ForwardResult
 from engine.group import CollectiveError, Group
+from engine.phases import NullTimer, PhaseTimer
 from engine.policy import Decision, PrefillPolicy
 from engine.record import RoundRecord
 from engine.request import (
@@ -86,6 +87,7 @@ class RankEngine:
         self._proposals: deque[ProposeConfig] = deque()
         self._stop_requested = False
         self._forward_us = 0
+        self.timer: PhaseTimer = NullTimer()
         # Per-round state between the two halves.
         self._round_start = 0.0
         self._decision = Decision(allow_prefill=False)
@@ -97,25 +99,36 @@ class RankEngine:
         """One whole round around the group's all-gather."""
         row = self.begin_round()
         rows = group.all_gather(row)  # the round's one collective (R2)
+        self.timer.lap("gather")
         return self.end_round(rows)
 
     def begin_round(self) -> Row:
         """R1 steps 1-5; returns the row this rank publishes."""
+        timer = self.timer
+        timer.start()
         self._round_start = self.clock.now()
         self._intake()
+        timer.lap("intake")
         local = self.scheduler.local_view()
         self._decision = self.policy.decide(local)
+        timer.lap("decide")
         self._plan = self.scheduler.plan(self._plan_options(self._decision, local.wants_prefill))
+        timer.lap("plan")
         probe = self.scheduler.probe_prefill_gate()
-        return self._row(probe.wants_prefill, probe.has_decode_work)
+        row = self._row(probe.wants_prefill, probe.has_decode_work)
+        timer.lap("probe")
+        return row
 
     def end_round(self, rows: tuple[Row, ...]) -> RoundOutcome:
         """R1 steps 7-11, from the gathered rows."""
+        timer = self.timer
         self._check_agreement(rows)
         self.policy.observe(rows if self.args.enable_dp_attention else (rows[self.rank],))  # R7
         record_config = (self.epoch, self.policy.delay)
         adopted = self._adopt_config(rows)
+        timer.lap("observe")
         result = self._forward(rows)
+        timer.lap("forward")
         self.scheduler.commit(self._plan, result, self.clock.now())
         events = self.scheduler.take_events()
         for event in events:
@@ -135,6 +148,7 @@ class RankEngine:
         if self.rank == 0:
             outcome.record = self._record(outcome, record_config)
         self.round += 1
+        timer.lap("commit")
         return outcome
 
     # -- phases ------------------------------------------------------------------------------------
@@ -219,11 +233,16 @@ class RankEngine:
                     f"ranks diverged at round {self.round}: rank {row.rank} is at round {row.round} "
                     f"epoch {row.config_epoch}, rank 0 at round {first.round} epoch {first.config_epoch}"
                 )
-            if self.args.enable_dp_attention and self.policy.group_decision and (
-                row.decision_counter,
-                row.decision_point,
-                row.decision_open,
-            ) != (first.decision_counter, first.decision_point, first.decision_open):
+            if (
+                self.args.enable_dp_attention
+                and self.policy.group_decision
+                and (
+                    row.decision_counter,
+                    row.decision_point,
+                    row.decision_open,
+                )
+                != (first.decision_counter, first.decision_point, first.decision_open)
+            ):
                 raise CollectiveError(f"rank {row.rank} voted differently from rank 0 at round {self.round}")
 
     def _adopt_config(self, rows: Sequence[Row]) -> int | None:

@@ -45,8 +45,12 @@ class CostPreset:
                 busiest = row.num_tokens
         if mode is DispatchMode.LOW_LATENCY:
             return self.decode_fixed_s + slowest + self.ll_dispatch_s
-        return self.decode_fixed_s + slowest + self.extend_fixed_s + self.normal_dispatch_s + busiest * (
-            self.normal_per_token_s
+        return (
+            self.decode_fixed_s
+            + slowest
+            + self.extend_fixed_s
+            + self.normal_dispatch_s
+            + busiest * (self.normal_per_token_s)
         )
 
 
