@@ -67,11 +67,12 @@ class RankFailed:
 
 @dataclass(frozen=True)
 class RankExited:
-    """The rank left its loop cleanly after `rounds` rounds; `phases` are seconds per round phase
-    when phase profiling was on."""
+    """The rank left its loop cleanly after `rounds` rounds and `gathers` all-gathers; `phases` are
+    seconds per round phase when phase profiling was on."""
 
     rank: int
     rounds: int
+    gathers: int
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -136,7 +137,7 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
                 break
             if outcome.all_idle and not engine.inbox:
                 _wait(inbox, engine.inbox, spec.idle_wait_s)
-        events.put(RankExited(rank, rounds, dict(engine.timer.totals)))
+        events.put(RankExited(rank, rounds, group.gathers, dict(engine.timer.totals)))
     except BaseException as exc:  # report anything, including a collective timeout, then exit non-zero
         events.put(RankFailed(rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
         events.close()
