@@ -152,7 +152,9 @@ def test_fuzz_every_read_agrees_with_the_rules(attempt, any_, decode):  # rule C
         return ok_int(attempt) and ok_int(any_) and any_ >= attempt and decode is None
 
     try:
-        args = ServerArgs(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_, prefill_decode_interval=decode)
+        args = ServerArgs(
+            prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_, prefill_decode_interval=decode
+        )
     except ValueError:
         assert not expected_ok()
         return

@@ -40,8 +40,16 @@ TRACES = {
         3,
         6,
         [[DEC]] * 8,
-        [(ALL, False, 0), (N, False, 1), (N, False, 2), (ALL, False, 3), (N, False, 4), (N, False, 5),
-         (ANY, False, 6), (N, False, 7)],
+        [
+            (ALL, False, 0),
+            (N, False, 1),
+            (N, False, 2),
+            (ALL, False, 3),
+            (N, False, 4),
+            (N, False, 5),
+            (ANY, False, 6),
+            (N, False, 7),
+        ],
     ),
     # A=2, K=4: rank 1 blocks ALL (want=false, decodes=true); at rounds=4 both points fall: ANY wins and
     # opens on rank 0's want; rank 0 extends that round, so the counter resets to 0: an ALL point again.
@@ -49,8 +57,15 @@ TRACES = {
         2,
         4,
         [[DEC_WANT, DEC]] * 4 + [[EXT, DEC], [DEC, DEC], [DEC, DEC]],
-        [(ALL, False, 0), (N, False, 1), (ALL, False, 2), (N, False, 3), (ANY, True, 4), (ALL, False, 0),
-         (N, False, 1)],
+        [
+            (ALL, False, 0),
+            (N, False, 1),
+            (ALL, False, 2),
+            (N, False, 3),
+            (ANY, True, 4),
+            (ALL, False, 0),
+            (N, False, 1),
+        ],
     ),
     # An all-idle round resets the counter, so a prompt arriving at an idle engine meets an ALL point; a
     # burst then drains in consecutive prefill rounds because every extending round resets to 0, until
@@ -59,8 +74,15 @@ TRACES = {
         4,
         8,
         [[row(), row()], [IDLE_WANT, IDLE_WANT], [EXT, EXT], [EXT, EXT], [EXT, DEC], [DEC, DEC], [DEC, DEC]],
-        [(ALL, False, 0), (ALL, True, 0), (ALL, True, 0), (ALL, True, 0), (ALL, True, 0), (ALL, False, 0),
-         (N, False, 1)],
+        [
+            (ALL, False, 0),
+            (ALL, True, 0),
+            (ALL, True, 0),
+            (ALL, True, 0),
+            (ALL, True, 0),
+            (ALL, False, 0),
+            (N, False, 1),
+        ],
     ),
     # P5: a rank without decode work never blocks ALL (want or not decodes): rank 1 idle, rank 0 wants.
     "no_decode_rank_never_blocks_all": (

@@ -38,7 +38,9 @@ def test_every_rank_votes_alike_every_round():  # rule R6
     driver = LockstepDriver(gated())
     opened = 0
     for outcomes in feed(driver, 12, 2, 120):
-        decisions = {(o.decision.point, o.decision.allow_prefill, o.decision.counter, o.counter_after) for o in outcomes}
+        decisions = {
+            (o.decision.point, o.decision.allow_prefill, o.decision.counter, o.counter_after) for o in outcomes
+        }
         assert len(decisions) == 1
         opened += outcomes[0].decision.allow_prefill
     assert opened > 0
@@ -69,8 +71,13 @@ def test_a_prompt_at_an_idle_engine_meets_an_open_all_point():  # rules R3, P5
 def test_without_dp_attention_each_rank_gates_on_its_own_row():  # rule R7
     def scenario(dp_attention: bool):
         driver = LockstepDriver(
-            sim_args(dp_size=2, enable_dp_attention=dp_attention, prefill_attempt_interval=2,
-                     prefill_any_attempt_interval=50, max_num_seqs=64)
+            sim_args(
+                dp_size=2,
+                enable_dp_attention=dp_attention,
+                prefill_attempt_interval=2,
+                prefill_any_attempt_interval=50,
+                max_num_seqs=64,
+            )
         )
         driver.submit(0, req("a0", output_len=200))
         driver.submit(1, req("b0", output_len=200))
@@ -124,8 +131,11 @@ def test_config_change_is_adopted_by_every_rank_after_the_same_gather():  # rule
     assert counter_at_change >= 0
     for outcomes in run_rounds(driver, 30):
         rec = outcomes[0].record
-        expected = GatePoint.ANY if rec.counter and rec.counter % 9 == 0 else (
-            GatePoint.ALL if rec.counter % 3 == 0 else GatePoint.NONE)
+        expected = (
+            GatePoint.ANY
+            if rec.counter and rec.counter % 9 == 0
+            else (GatePoint.ALL if rec.counter % 3 == 0 else GatePoint.NONE)
+        )
         assert rec.point is expected
 
 

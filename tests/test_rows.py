@@ -11,10 +11,7 @@ from engine.rows import BOOL_FIELDS, FIELD_NAMES, ROW_WIDTH, UNSET, Row, decode_
 
 def row_values() -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries(
-        {
-            name: (st.booleans() if name in BOOL_FIELDS else st.integers(-(2**62), 2**62))
-            for name in FIELD_NAMES
-        }
+        {name: (st.booleans() if name in BOOL_FIELDS else st.integers(-(2**62), 2**62)) for name in FIELD_NAMES}
     )
 
 
@@ -27,8 +24,17 @@ def test_encode_decode_round_trip(values):
 
 
 def test_gate_fields_and_g1_proposal_are_in_the_row():  # rules R3, G1
-    for name in ("num_tokens", "batch_size", "num_extends", "want_prefill", "has_decode_work", "config_epoch",
-                 "proposal_epoch", "proposal_attempt_interval", "proposal_any_interval"):
+    for name in (
+        "num_tokens",
+        "batch_size",
+        "num_extends",
+        "want_prefill",
+        "has_decode_work",
+        "config_epoch",
+        "proposal_epoch",
+        "proposal_attempt_interval",
+        "proposal_any_interval",
+    ):
         assert name in FIELD_NAMES
     assert Row().proposal_attempt_interval == UNSET
 

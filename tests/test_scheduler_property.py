@@ -37,13 +37,21 @@ def check_accounting(rank: Rank) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     actions=ACTIONS,
-    lengths=st.lists(st.tuples(st.integers(-1, 90), st.integers(-1, 40), st.integers(0, 30)), min_size=400, max_size=400),
+    lengths=st.lists(
+        st.tuples(st.integers(-1, 90), st.integers(-1, 40), st.integers(0, 30)), min_size=400, max_size=400
+    ),
     mixed=st.booleans(),
     kv_pages=st.integers(12, 40),
 )
 def test_random_traffic_drains_completely(actions, lengths, mixed, kv_pages):
-    rank = Rank(kv_pages=kv_pages, chunked_prefill_size=24, max_num_seqs=6, storage_read_ticks=2,
-                enable_mixed_prefill_decode=mixed, max_readmissions_per_round=2)
+    rank = Rank(
+        kv_pages=kv_pages,
+        chunked_prefill_size=24,
+        max_num_seqs=6,
+        storage_read_ticks=2,
+        enable_mixed_prefill_decode=mixed,
+        max_readmissions_per_round=2,
+    )
     submitted, refused, wanted = set(), set(), {}
     n = 0
     for arrivals, allow, chunks, abort, pause in actions:
@@ -84,12 +92,14 @@ def test_thousands_of_requests_under_pressure_exercise_retraction():
     import random
 
     rng = random.Random(7)
-    rank = Rank(kv_pages=48, chunked_prefill_size=32, max_num_seqs=12, storage_read_ticks=3,
-                max_readmissions_per_round=1)
+    rank = Rank(
+        kv_pages=48, chunked_prefill_size=32, max_num_seqs=12, storage_read_ticks=3, max_readmissions_per_round=1
+    )
     submitted = set()
     for i in range(600):
-        spec = req(f"q{i}", prompt_len=rng.randint(1, 60), output_len=rng.randint(1, 120),
-                   prefix_hit=rng.choice([0, 0, 8]))
+        spec = req(
+            f"q{i}", prompt_len=rng.randint(1, 60), output_len=rng.randint(1, 120), prefix_hit=rng.choice([0, 0, 8])
+        )
         if spec.prefix_hit >= spec.prompt_len:
             spec = req(spec.rid, prompt_len=spec.prompt_len, output_len=spec.output_len)
         rank.s.submit(spec)

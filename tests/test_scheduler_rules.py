@@ -280,8 +280,15 @@ def test_s6_open_gate_with_nothing_schedulable_plans_as_closed():  # rule S6
         rank = Rank()
         rank.decode_until_occupancy("a", prompt_len=8)
         plan = rank.plan(options)
-        return (plan.kind, plan.build, plan.num_tokens, plan.batch_size, plan.num_extends, plan.counts,
-                [(r.rid, r.start, r.num_tokens) for r in plan.rows])
+        return (
+            plan.kind,
+            plan.build,
+            plan.num_tokens,
+            plan.batch_size,
+            plan.num_extends,
+            plan.counts,
+            [(r.rid, r.start, r.num_tokens) for r in plan.rows],
+        )
 
     assert plan_with(OPEN) == plan_with(CLOSED)
 

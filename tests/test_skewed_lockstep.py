@@ -8,8 +8,15 @@ from tests.helpers import req, sim_args
 
 
 def test_pressured_rank_blocks_all_and_any_releases_the_peers():  # rules P4, P5, R4
-    args = sim_args(dp_size=4, prefill_attempt_interval=2, prefill_any_attempt_interval=8, kv_pages=64,
-                    page_size=16, max_num_seqs=64, chunked_prefill_size=512)
+    args = sim_args(
+        dp_size=4,
+        prefill_attempt_interval=2,
+        prefill_any_attempt_interval=8,
+        kv_pages=64,
+        page_size=16,
+        max_num_seqs=64,
+        chunked_prefill_size=512,
+    )
     driver = LockstepDriver(args)
     # Rank 0 takes the heavy traffic: long prompts with long outputs fill its pool past the watermark.
     for i in range(2):
@@ -38,8 +45,7 @@ def test_pressured_rank_blocks_all_and_any_releases_the_peers():  # rules P4, P5
         assert (prev[0].want_prefill, prev[0].has_decode_work) == (False, True)  # P4
         assert not rec.open  # its peers all wanted prefill, and still the ALL point stayed shut
     released = [
-        rec for rec in records
-        if rec.point is GatePoint.ANY and rec.open and pressured(records[rec.round - 1].rows[0])
+        rec for rec in records if rec.point is GatePoint.ANY and rec.open and pressured(records[rec.round - 1].rows[0])
     ]
     assert released, "no ANY point released the peers while rank 0 was pressured"
     for rec in released:
