@@ -13,10 +13,14 @@ class Clock(Protocol):
 
 
 class WallClock:
-    """Monotonic wall time since construction."""
+    """Monotonic wall time since `origin` (a `time.perf_counter()` value; default: construction).
 
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
+    On Linux perf_counter reads CLOCK_MONOTONIC, which every process of the machine shares, so rank
+    processes given the controller's origin stamp events on the controller's clock.
+    """
+
+    def __init__(self, origin: float | None = None) -> None:
+        self._start = time.perf_counter() if origin is None else origin
 
     def now(self) -> float:
         return time.perf_counter() - self._start

@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import socket
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class LaunchSpec:
     idle_wait_s: float = 0.002
     threads_per_rank: int = 1
     profile_phases: bool = False
+    clock_origin: float | None = None  # the controller's perf_counter origin, shared by the ranks
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
     import torch
 
     from engine.build import build_engine
+    from engine.clock import WallClock
     from engine.group import TorchGroup
     from engine.phases import PhaseTimer
 
@@ -109,7 +112,8 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
             timeout_s=args.collective_timeout_s,
             device=args.device,
         )
-        engine = build_engine(rank, args, group=group)
+        clock = WallClock(spec.clock_origin) if args.executor != "sim" else None
+        engine = build_engine(rank, args, group=group, clock=clock)
         if spec.profile_phases:
             engine.timer = PhaseTimer()
         if spec.vote_log_dir:
@@ -201,6 +205,7 @@ class ProcessDriver:
                 f"({cpus} CPUs; at most {max(64, 8 * cpus)})"
             )
         self.args = args
+        self.clock_origin = time.perf_counter()
         self._ctx = mp.get_context("spawn")
         backend = "nccl" if args.device == "cuda" else "gloo"
         self.spec = LaunchSpec(
@@ -211,6 +216,7 @@ class ProcessDriver:
             vote_log_dir=vote_log_dir,
             idle_wait_s=idle_wait_s,
             profile_phases=profile_phases,
+            clock_origin=self.clock_origin,
         )
         self.inboxes = [self._ctx.Queue() for _ in range(args.dp_size)]
         self.events = self._ctx.Queue()
@@ -232,8 +238,6 @@ class ProcessDriver:
             self.processes.append(process)
         ready: set[int] = set()
         backlog: list[RankMessage] = []
-        import time
-
         deadline = time.monotonic() + ready_timeout_s
         while len(ready) < self.args.dp_size:
             self.raise_if_failed()
@@ -304,8 +308,6 @@ class ProcessDriver:
 
     def join(self, timeout_s: float) -> bool:
         """Wait for every rank to exit; True when all did."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))

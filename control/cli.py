@@ -1,0 +1,46 @@
+"""`prefill-gate`: one command, one subcommand per part of the product."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from control.serve import Attachment, add_run_args, serve_main
+from engine.config import ServerArgs
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and its subcommand parsers."""
+    parser = argparse.ArgumentParser(
+        prog="prefill-gate",
+        description="A gated multi-rank LLM serving engine, its control plane, console and policy lab.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the engine (rank processes, or the simulator) with a workload",
+        description="Run the gated engine: --dp-size rank processes (torch executor) or the lockstep simulator "
+        "(--executor sim), fed by a workload; Ctrl-C stops every rank after the same round.",
+    )
+    ServerArgs.add_cli_args(serve)
+    add_run_args(serve)
+    return parser, {"serve": serve}
+
+
+def attachments() -> list[Attachment]:
+    """Servers that attach to `serve` (the control plane, metrics), in start order."""
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry."""
+    parser, subparsers = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        return serve_main(ns, subparsers["serve"], attachments())
+    parser.error(f"unknown command {ns.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

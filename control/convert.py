@@ -1,0 +1,72 @@
+"""Engine values to their protobuf form (the contract in protos/). One place, so the console can
+never show a field the engine does not emit."""
+
+from __future__ import annotations
+
+from engine.record import RoundRecord
+from engine.rows import Row
+from engine.scheduler.plan import K_PREFILL_WATERMARK
+from prefill_gate.v1 import types_pb2 as pb
+
+
+def rank_row(row: Row) -> pb.RankRow:
+    """One gathered row."""
+    occupancy = row.occupancy
+    return pb.RankRow(
+        rank=row.rank,
+        num_tokens=row.num_tokens,
+        batch_size=row.batch_size,
+        num_extends=row.num_extends,
+        want_prefill=row.want_prefill,
+        has_decode_work=row.has_decode_work,
+        planned_prefill=row.num_extends > 0,
+        occupancy=occupancy,
+        pool_pages_used=row.pool_pages_used,
+        pool_pages_usable=row.pool_pages_usable,
+        resident_chunks=row.resident_chunks,
+        waiting_prompts=row.waiting_prompts,
+        storage_reads=row.storage_reads,
+        retracted=row.retracted,
+        running=row.running,
+        config_epoch=row.config_epoch,
+        prefill_tokens=row.prefill_tokens,
+        pending_prefill_tokens=row.pending_prefill_tokens,
+        retractions_total=row.retractions_total,
+        forward_us=row.forward_us,
+        above_watermark=occupancy > K_PREFILL_WATERMARK,
+        blocks_all=row.has_decode_work and not row.want_prefill,
+    )
+
+
+def gate_config(epoch: int, attempt: int | None, any_: int | None, policy: str) -> pb.GateConfig:
+    """The config in force; intervals are 0 when the gate is off."""
+    return pb.GateConfig(
+        epoch=epoch,
+        attempt_interval=attempt or 0,
+        any_interval=any_ or 0,
+        enabled=attempt is not None,
+        policy=policy,
+    )
+
+
+def round_record(record: RoundRecord, run_id: str) -> pb.RoundRecord:
+    """A round record with every rank's row."""
+    rows = [rank_row(row) for row in record.rows]
+    return pb.RoundRecord(
+        round=record.round,
+        unix_nanos=record.unix_nanos,
+        counter=record.counter,
+        point=int(record.point),
+        open=record.open,
+        counter_after=record.counter_after,
+        all_decode_or_idle=record.all_decode_or_idle,
+        round_seconds=record.round_seconds,
+        ranks=rows,
+        config=gate_config(record.config_epoch, record.attempt_interval, record.any_interval, record.policy),
+        clock_seconds=record.clock,
+        run_id=run_id,
+        adopted_epoch=record.adopted_epoch or 0,
+        ranks_extending=sum(1 for row in rows if row.num_extends),
+        ranks_wanting=sum(1 for row in rows if row.want_prefill),
+        ranks_blocking_all=sum(1 for row in rows if row.blocks_all),
+    )

@@ -1,0 +1,1 @@
+"""Generated from protos/ by `python -m control.protogen`; do not edit."""
