@@ -35,6 +35,7 @@ def rank_row(row: Row) -> pb.RankRow:
         forward_us=row.forward_us,
         above_watermark=occupancy > K_PREFILL_WATERMARK,
         blocks_all=row.has_decode_work and not row.want_prefill,
+        spans_dropped=row.spans_dropped,
     )
 
 

@@ -1,4 +1,7 @@
-"""Optional per-phase timing of the round, for benchmarks; off by default at the cost of a no-op call."""
+"""Optional per-phase timing of the round: totals for benchmarks, wall-clock marks for tracing.
+
+Off by default at the cost of a no-op call per phase.
+"""
 
 from __future__ import annotations
 
@@ -32,4 +35,30 @@ class NullTimer(PhaseTimer):
         return None
 
     def lap(self, phase: str) -> None:
+        return None
+
+
+class MarkTimer(PhaseTimer):
+    """Also keeps this round's phase boundaries as Unix nanoseconds, for spans built after the round.
+
+    `marks[0]` is ("start", t0); each lap appends (phase, end of that phase).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[tuple[str, int]] = []
+
+    def start(self) -> None:
+        super().start()
+        self.marks = [("start", time.time_ns())]
+
+    def lap(self, phase: str) -> None:
+        super().lap(phase)
+        self.marks.append((phase, time.time_ns()))
+
+    def span_of(self, phase: str) -> tuple[int, int] | None:
+        """(start, end) nanoseconds of `phase` this round, or None if it did not run."""
+        for index in range(1, len(self.marks)):
+            if self.marks[index][0] == phase:
+                return self.marks[index - 1][1], self.marks[index][1]
         return None

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.clock import Clock
 from engine.config import PrefillDelay, ServerArgs
@@ -60,6 +61,19 @@ class RoundOutcome:
         return self.mode is DispatchMode.NONE
 
 
+class RoundObserver(Protocol):
+    """Sees every finished round of a rank (tracing); must not block."""
+
+    def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
+        """Called at the end of `end_round`, after the commit."""
+        ...
+
+    @property
+    def dropped(self) -> int:
+        """Items the observer had to drop so far (published in the row)."""
+        ...
+
+
 class RankEngine:
     """One attention-DP rank: scheduler, policy and executor stepped through the round of R1."""
 
@@ -88,6 +102,7 @@ class RankEngine:
         self._stop_requested = False
         self._forward_us = 0
         self.timer: PhaseTimer = NullTimer()
+        self.observer: RoundObserver | None = None
         # Per-round state between the two halves.
         self._round_start = 0.0
         self._decision = Decision(allow_prefill=False)
@@ -149,6 +164,8 @@ class RankEngine:
             outcome.record = self._record(outcome, record_config)
         self.round += 1
         timer.lap("commit")
+        if self.observer is not None:
+            self.observer.round_done(self, outcome)
         return outcome
 
     # -- phases ------------------------------------------------------------------------------------
@@ -218,6 +235,7 @@ class RankEngine:
             pending_prefill_tokens=counts.pending_prefill_tokens,
             retractions_total=counts.retractions_total,
             forward_us=self._forward_us,
+            spans_dropped=self.observer.dropped if self.observer is not None else 0,
             proposal_epoch=proposal.epoch if proposal else 0,
             proposal_attempt_interval=_interval(proposal, "attempt_interval"),
             proposal_any_interval=_interval(proposal, "any_interval"),

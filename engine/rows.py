@@ -46,6 +46,7 @@ class Row:
     pending_prefill_tokens: int = 0
     retractions_total: int = 0
     forward_us: int = 0
+    spans_dropped: int = 0  # trace spans this rank's exporter dropped so far
     # Rank 0's proposals, adopted by every rank after this gather (G1) and the agreed stop.
     proposal_epoch: int = 0
     proposal_attempt_interval: int = UNSET

@@ -17,7 +17,7 @@ GATE_POINT_ANY: GatePoint
 GATE_POINT_ALL: GatePoint
 
 class RankRow(_message.Message):
-    __slots__ = ("rank", "num_tokens", "batch_size", "num_extends", "want_prefill", "has_decode_work", "planned_prefill", "occupancy", "pool_pages_used", "pool_pages_usable", "resident_chunks", "waiting_prompts", "storage_reads", "retracted", "running", "config_epoch", "prefill_tokens", "pending_prefill_tokens", "retractions_total", "forward_us", "above_watermark", "blocks_all")
+    __slots__ = ("rank", "num_tokens", "batch_size", "num_extends", "want_prefill", "has_decode_work", "planned_prefill", "occupancy", "pool_pages_used", "pool_pages_usable", "resident_chunks", "waiting_prompts", "storage_reads", "retracted", "running", "config_epoch", "prefill_tokens", "pending_prefill_tokens", "retractions_total", "forward_us", "above_watermark", "blocks_all", "spans_dropped")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class RankRow(_message.Message):
     FORWARD_US_FIELD_NUMBER: _ClassVar[int]
     ABOVE_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_ALL_FIELD_NUMBER: _ClassVar[int]
+    SPANS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     rank: int
     num_tokens: int
     batch_size: int
@@ -62,7 +63,8 @@ class RankRow(_message.Message):
     forward_us: int
     above_watermark: bool
     blocks_all: bool
-    def __init__(self, rank: _Optional[int] = ..., num_tokens: _Optional[int] = ..., batch_size: _Optional[int] = ..., num_extends: _Optional[int] = ..., want_prefill: _Optional[bool] = ..., has_decode_work: _Optional[bool] = ..., planned_prefill: _Optional[bool] = ..., occupancy: _Optional[float] = ..., pool_pages_used: _Optional[int] = ..., pool_pages_usable: _Optional[int] = ..., resident_chunks: _Optional[int] = ..., waiting_prompts: _Optional[int] = ..., storage_reads: _Optional[int] = ..., retracted: _Optional[int] = ..., running: _Optional[int] = ..., config_epoch: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ..., retractions_total: _Optional[int] = ..., forward_us: _Optional[int] = ..., above_watermark: _Optional[bool] = ..., blocks_all: _Optional[bool] = ...) -> None: ...
+    spans_dropped: int
+    def __init__(self, rank: _Optional[int] = ..., num_tokens: _Optional[int] = ..., batch_size: _Optional[int] = ..., num_extends: _Optional[int] = ..., want_prefill: _Optional[bool] = ..., has_decode_work: _Optional[bool] = ..., planned_prefill: _Optional[bool] = ..., occupancy: _Optional[float] = ..., pool_pages_used: _Optional[int] = ..., pool_pages_usable: _Optional[int] = ..., resident_chunks: _Optional[int] = ..., waiting_prompts: _Optional[int] = ..., storage_reads: _Optional[int] = ..., retracted: _Optional[int] = ..., running: _Optional[int] = ..., config_epoch: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ..., retractions_total: _Optional[int] = ..., forward_us: _Optional[int] = ..., above_watermark: _Optional[bool] = ..., blocks_all: _Optional[bool] = ..., spans_dropped: _Optional[int] = ...) -> None: ...
 
 class GateConfig(_message.Message):
     __slots__ = ("epoch", "attempt_interval", "any_interval", "enabled", "policy")
