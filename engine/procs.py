@@ -39,6 +39,9 @@ class LaunchSpec:
     threads_per_rank: int = 1
     profile_phases: bool = False
     clock_origin: float | None = None  # the controller's perf_counter origin, shared by the ranks
+    # "module:function" called in the rank process as function(engine, **observer_kwargs) -> RoundObserver
+    observer: str | None = None
+    observer_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
         engine = build_engine(rank, args, group=group, clock=clock)
         if spec.profile_phases:
             engine.timer = PhaseTimer()
+        if spec.observer:
+            engine.observer = load_object(spec.observer)(engine, **spec.observer_kwargs)
         if spec.vote_log_dir:
             log = (Path(spec.vote_log_dir) / f"rank{rank}.log").open("w")
         events.put(RankReady(rank, os.getpid()))
@@ -159,6 +164,16 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
     records.join_thread()
 
 
+def load_object(path: str) -> Any:
+    """The object `module:name` names (picklable references to factories across processes)."""
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"expected 'module:name', got {path!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)
+
+
 def _drain(source: Any, target: Any) -> None:
     while True:
         try:
@@ -195,6 +210,8 @@ class ProcessDriver:
         record_queue_size: int = 8192,
         idle_wait_s: float = 0.002,
         profile_phases: bool = False,
+        observer: str | None = None,
+        observer_kwargs: dict[str, Any] | None = None,
     ) -> None:
         import torch.multiprocessing as mp
 
@@ -217,6 +234,8 @@ class ProcessDriver:
             idle_wait_s=idle_wait_s,
             profile_phases=profile_phases,
             clock_origin=self.clock_origin,
+            observer=observer,
+            observer_kwargs=observer_kwargs or {},
         )
         self.inboxes = [self._ctx.Queue() for _ in range(args.dp_size)]
         self.events = self._ctx.Queue()
