@@ -13,11 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.config import PrefillDelay, ServerArgs
 from engine.lockstep import LockstepDriver
-from engine.procs import ProcessDriver, RankExited, RankFailed, RankFailure, RankRound
+from engine.procs import ProcessDriver, RankExited, RankFailed, RankFailure, RankRound, load_object
 from engine.record import RoundRecord
 from engine.request import Abort, Finished, ProposeConfig, Refused, RequestEvent, RequestSpec, Stop, Submit
 
@@ -84,10 +84,16 @@ class SimBackend:
         pace: float | None = None,
         max_rounds: int | None = None,
         engine_factory: Callable | None = None,
+        observer: str | None = None,
+        observer_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
         self.driver = LockstepDriver(args, engine_factory)
+        if observer:  # the same "module:function" factory rank processes load
+            make = load_object(observer)
+            for engine in self.driver.engines:
+                engine.observer = make(engine, **(observer_kwargs or {}))
         self.feeder = feeder
         self.pace = pace
         self.max_rounds = max_rounds
@@ -190,11 +196,19 @@ class ProcessBackend:
         *,
         max_rounds: int | None = None,
         vote_log_dir: str | None = None,
+        observer: str | None = None,
+        observer_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
         self.feeder = feeder
-        self.driver = ProcessDriver(args, max_rounds=max_rounds, vote_log_dir=vote_log_dir)
+        self.driver = ProcessDriver(
+            args,
+            max_rounds=max_rounds,
+            vote_log_dir=vote_log_dir,
+            observer=observer,
+            observer_kwargs=observer_kwargs,
+        )
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
 
