@@ -216,8 +216,16 @@ class ProcessBackend:
         self.driver.start()
 
     def now(self) -> float:
-        # The ranks' clocks share this origin, so event times and arrivals compare directly.
+        if self.args.executor == "sim":
+            # Simulated ranks run on virtual clocks: arrivals follow the latest round's clock.
+            return self._latest.clock if self._latest is not None else 0.0
+        # The ranks' wall clocks share this origin, so event times and arrivals compare directly.
         return time.perf_counter() - self.driver.clock_origin
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks, in rank order."""
+        return [process.pid for process in self.driver.processes]
 
     def submit(self, rank: int, spec: RequestSpec) -> None:
         self.driver.send(rank, Submit(spec))

@@ -47,6 +47,11 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--rounds", type=int, default=None, help="stop every rank after this many rounds")
     run.add_argument("--duration", type=float, default=None, help="stop after this many engine-clock seconds")
     run.add_argument("--pace", type=float, default=None, help="sim only: run virtual time at this x wall time")
+    run.add_argument(
+        "--processes",
+        action="store_true",
+        help="sim only: run every rank in its own process over a real gloo group (the torch executor always does)",
+    )
     run.add_argument("--no-progress", action="store_true", help="do not print the live progress line")
     run.add_argument("--keep-serving", action="store_true", help="keep running when the workload is done")
     load = parser.add_argument_group("workload")
@@ -101,10 +106,10 @@ def build_workload(ns: argparse.Namespace, args: ServerArgs) -> Workload | None:
 
 def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace) -> Backend:
     """Rank processes for the torch executor, the lockstep simulator for `--executor sim`."""
-    if args.executor == "sim":
+    if args.executor == "sim" and not ns.processes:
         return SimBackend(args, workload, pace=ns.pace, max_rounds=ns.rounds)
     if ns.pace is not None:
-        raise ValueError("--pace applies to --executor sim only")
+        raise ValueError("--pace applies to the in-process simulator only (--executor sim without --processes)")
     return ProcessBackend(args, workload, max_rounds=ns.rounds)
 
 
@@ -159,6 +164,9 @@ async def run_serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal)
     await loop.run_in_executor(None, controller.start)
+    pids = getattr(controller.backend, "pids", None)
+    if pids:
+        print(f"started {len(pids)} rank processes: pids {' '.join(map(str, pids))}", file=out, flush=True)
     stops = [await attach(controller, ns) for attach in attachments]
     progress = None
     if not ns.no_progress:
@@ -192,7 +200,9 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
         workload = build_workload(ns, args)
         backend = build_backend(args, workload, ns)
     except (ValueError, OSError) as exc:
-        parser.error(str(exc))
+        # The whole usage of ~50 flags would bury the one line that matters.
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     controller = Controller(args, backend, duration=ns.duration, stop_when_idle=not ns.keep_serving)
     try:
         return asyncio.run(run_serve(controller, ns, attachments))
