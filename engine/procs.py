@@ -103,7 +103,11 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
 
     torch.set_num_threads(spec.threads_per_rank)
     args = spec.args
+    if args.device == "cuda":
+        # Without this every rank lands on cuda:0 and NCCL refuses the group.
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     group = None
+    engine = None
     log = None
     rounds = 0
     try:
@@ -155,6 +159,9 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
     finally:
         if log is not None:
             log.close()
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.executor.close()  # frees DeepEP buffers and captured graphs
         if group is not None:
             with contextlib.suppress(Exception):
                 group.close()
