@@ -8,6 +8,7 @@ controller's loop on wall time for processes.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -211,9 +212,12 @@ class ProcessBackend:
         )
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
+        self._workload_origin = 0.0
 
     def start(self) -> None:
         self.driver.start()
+        # The workload's time starts when the ranks can serve, not when their spawn began.
+        self._workload_origin = self.now()
 
     def now(self) -> float:
         if self.args.executor == "sim":
@@ -257,11 +261,13 @@ class ProcessBackend:
                 self._exited.add(message.rank)
         self.driver.raise_if_failed()
         if self.feeder is not None:
-            now = self.now()
+            origin = self._workload_origin
+            now = self.now() - origin
             for event in polled.events:
                 if isinstance(event, Finished | Refused):
                     self.feeder.on_finished(event.rid, now)
             for rank, spec in self.feeder.due(now, loads_of(self._latest, self.dp_size)):
+                spec = dataclasses.replace(spec, arrival=spec.arrival + origin)  # onto the engine's clock
                 self.submit(rank, spec)
                 polled.submitted.append((rank, spec))
         polled.stopped = len(self._exited) == self.dp_size

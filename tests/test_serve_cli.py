@@ -153,3 +153,42 @@ def test_a_killed_rank_ends_the_run_nonzero_with_no_orphans():
     assert time.monotonic() - started < 20  # promptly: no waiting out the collective timeout
     assert "rank" in err and "failed" in err
     assert not [pid for pid in pids if alive(pid)]
+
+
+def test_torch_executor_four_ranks_complete_every_request():  # issue 4: serve --dp-size 4 on CPU, gate on
+    result = run(
+        [
+            "--dp-size",
+            "4",
+            "--enable-dp-attention",
+            "--prefill-attempt-interval",
+            "4",
+            "--prefill-any-attempt-interval",
+            "16",
+            "--requests",
+            "120",
+            "--rate",
+            "30",
+            "--prompt-len",
+            "48",
+            "--prompt-len-max",
+            "160",
+            "--output-len",
+            "16",
+            "--output-len-max",
+            "64",
+            "--kv-pages",
+            "256",
+            "--max-num-seqs",
+            "64",
+            "--chunked-prefill-size",
+            "128",
+            "--no-progress",
+        ],
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "requests finished 120/120" in result.stdout
+    rounds = int(result.stdout.split("rounds ")[1].split()[0])
+    assert rounds >= 200
+    assert "SIMULATED" not in result.stdout
