@@ -23,7 +23,7 @@ def make_executor(args: ServerArgs, rank: int, clock: Clock, group: Group | None
 
         if not isinstance(clock, VirtualClock):
             raise ValueError("the sim executor runs on a virtual clock")
-        return SimExecutor.named(args.sim_preset, clock)
+        return SimExecutor.named(args.sim_preset, clock, page_size=args.page_size)
     from engine.executor.torch_exec import TorchExecutor
 
     if group is None:

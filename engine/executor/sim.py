@@ -1,4 +1,10 @@
-"""The cost-model executor: a round's time from the gathered rows, on a virtual clock (F1-F3)."""
+"""The cost-model executor: a round's time from the gathered rows, on a virtual clock (F1-F3).
+
+Every rank computes the same round time from the same rows and advances its own clock by it, so the
+ranks' virtual clocks stay equal without communication, exactly as the real ranks leave the same
+collectives at the same moment (F3). The time depends on the whole group's rows, never on the rank's
+own plan alone: a rank that only decodes pays for its peer's extend (F1).
+"""
 
 from __future__ import annotations
 
@@ -11,22 +17,53 @@ from engine.rows import Row
 from engine.scheduler.plan import Plan
 
 
-class SimExecutor:
-    """Every rank computes the same round time from the same rows and advances its own clock by it,
-    so the ranks' virtual clocks stay equal without communication."""
+class _LastRound:
+    """The last round time computed, keyed by the identity of the gathered rows tuple.
 
-    def __init__(self, preset: CostPreset, clock: VirtualClock) -> None:
+    In the lockstep driver every rank receives the same tuple object, so the cost model runs once per
+    round instead of once per rank. Holding the tuple keeps its identity from being reused.
+    """
+
+    __slots__ = ("page_size", "preset", "result", "rows")
+
+    def __init__(self) -> None:
+        self.rows: object = None
+        self.preset: object = None
+        self.page_size = 0
+        self.result: tuple[float, DispatchMode] = (0.0, DispatchMode.NONE)
+
+
+_LAST = _LastRound()
+
+
+class SimExecutor:
+    """Advances a virtual clock by the preset's round time; samples no tokens."""
+
+    def __init__(self, preset: CostPreset, clock: VirtualClock, page_size: int = 16) -> None:
         self.preset = preset
         self.clock = clock
+        self.page_size = page_size
 
     @classmethod
-    def named(cls, preset: str, clock: VirtualClock) -> SimExecutor:
-        """An executor of a named preset; raises ValueError on an unknown name."""
-        return cls(preset_named(preset), clock)
+    def named(cls, preset: str, clock: VirtualClock, page_size: int = 16) -> SimExecutor:
+        """An executor of a named preset; raises ValueError listing the known names."""
+        return cls(preset_named(preset), clock, page_size)
+
+    def round_seconds(self, rows: Sequence[Row]) -> float:
+        """The round's time for the gathered `rows` (identical on every rank)."""
+        return self._cost(rows)[0]
+
+    def _cost(self, rows: Sequence[Row]) -> tuple[float, DispatchMode]:
+        last = _LAST
+        if last.rows is rows and last.preset is self.preset and last.page_size == self.page_size:
+            return last.result
+        mode = dispatch_mode(rows)
+        result = (self.preset.round_seconds(rows, mode, self.page_size), mode)
+        last.rows, last.preset, last.page_size, last.result = rows, self.preset, self.page_size, result
+        return result
 
     def forward(self, plan: Plan, rows: Sequence[Row]) -> ForwardResult:
-        mode = dispatch_mode(rows)
-        seconds = self.preset.round_seconds(rows, mode) if mode is not DispatchMode.NONE else self.preset.idle_s
+        seconds, mode = self._cost(rows)
         self.clock.advance(seconds)
         # Cache operations complete within the round; the scheduler acknowledges them next intake.
         return ForwardResult(seconds=seconds, mode=mode, tokens=None, completed_ops=plan.cache_ops)

@@ -42,7 +42,7 @@ DecodeRoundSeconds = Callable[[int], float]
 class RoundCost(Protocol):
     """What the oracle needs of a cost preset: the round time of gathered rows on a dispatch path."""
 
-    def round_seconds(self, rows: Sequence[Row], mode: DispatchMode) -> float: ...
+    def round_seconds(self, rows: Sequence[Row], mode: DispatchMode, page_size: int = 16) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +135,9 @@ def oracle_bound(
     )
 
 
-def decode_round_seconds_of(preset: RoundCost, ranks: int = 1, kv_pages_per_seq: int = 0) -> DecodeRoundSeconds:
+def decode_round_seconds_of(
+    preset: RoundCost, ranks: int = 1, kv_pages_per_seq: int = 0, page_size: int = 16
+) -> DecodeRoundSeconds:
     """A preset's decode-path round as a function of the busiest rank's decode batch (module docstring)."""
     if ranks < 1 or kv_pages_per_seq < 0:
         raise ValueError(f"need ranks >= 1 and kv_pages_per_seq >= 0, got {ranks}, {kv_pages_per_seq}")
@@ -145,6 +147,6 @@ def decode_round_seconds_of(preset: RoundCost, ranks: int = 1, kv_pages_per_seq:
             Row(rank=rank, num_tokens=batch, batch_size=batch, pool_pages_used=batch * kv_pages_per_seq)
             for rank in range(ranks)
         )
-        return preset.round_seconds(rows, DispatchMode.LOW_LATENCY)
+        return preset.round_seconds(rows, DispatchMode.LOW_LATENCY, page_size)
 
     return seconds

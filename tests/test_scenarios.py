@@ -1,0 +1,120 @@
+"""The lab's scenarios (PEERS.md): names, arguments, seeds, and that each sits in the regime it is about."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+
+from engine.policy import UngatedPolicy
+from engine.scenarios import LAB_SCENARIOS, scenario, scenario_names
+from engine.simrun import run_sim
+
+PEERS_NAMES = ("scattered", "bursty", "osl-variance", "skewed", "kv-pressure", "long-chunked", "long-osl", "low-load")
+GATE = {"prefill_attempt_interval": 8, "prefill_any_attempt_interval": 32}
+
+
+def run(name: str, scale: float, ungated: bool = False, seed: int = 0, on_round=None):
+    sc = scenario(name, seed=seed, scale=scale)
+    factory = (lambda rank, args: UngatedPolicy()) if ungated else None
+    return run_sim(
+        sc.server_args(**GATE),
+        sc.workload(),
+        rounds=sc.rounds,
+        duration=sc.duration_s,
+        policy_factory=factory,
+        on_round=on_round,
+    )
+
+
+def test_the_eight_scenarios_of_peers_and_the_out_of_phase_variant_exist():
+    assert LAB_SCENARIOS == PEERS_NAMES
+    assert set(scenario_names()) == {*PEERS_NAMES, "long-chunked-offset"}
+
+
+def test_unknown_scenario_is_a_value_error_listing_the_names():
+    with pytest.raises(ValueError, match="unknown scenario 'sparse'") as info:
+        scenario("sparse")
+    assert all(name in str(info.value) for name in scenario_names())
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        scenario("scattered", scale=0)
+
+
+def test_server_args_are_an_eight_rank_sim_group_and_changes_win():
+    sc = scenario("kv-pressure", seed=3)
+    args = sc.server_args()
+    assert (args.executor, args.dp_size, args.enable_dp_attention, args.seed) == ("sim", 8, True, 3)
+    assert args.kv_pages == 1024 and args.max_batch_size == 64
+    assert scenario("long-chunked").server_args().chunked_prefill_size == 8192
+    gated = sc.server_args(sim_preset="mi355x-dp8-atom", **GATE)
+    assert gated.sim_preset == "mi355x-dp8-atom" and gated.prefill_delay is not None
+    assert sc.server_args().prefill_delay is None  # the lab chooses the policy, not the scenario
+
+
+def test_scale_stretches_the_run_not_the_load():
+    full, tenth = scenario("scattered"), scenario("scattered", scale=0.1)
+    assert tenth.duration_s == pytest.approx(full.duration_s / 10) and tenth.rounds == full.rounds // 10
+    head = [spec for _, spec in tenth.workload().due(5.0)]
+    assert head == [spec for _, spec in full.workload().due(5.0)]
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_every_scenario_runs_and_produces_tokens(name: str):
+    summary, extra = run(name, scale=0.04)
+    assert summary.requests_submitted > 0 and summary.output_tokens > summary.requests_submitted // 2
+    assert summary.requests_refused == 0  # every scenario's requests fit its pools
+    assert extra.stopped_by == "duration"
+
+
+def test_same_seed_same_summary():  # determinism of a scenario
+    assert run("scattered", 0.03)[0] == run("scattered", 0.03)[0]
+    assert run("scattered", 0.03)[0] != run("scattered", 0.03, seed=1)[0]
+
+
+def test_scattered_ungated_extends_lone_prompts_and_the_gate_batches_them():  # the seed's core case
+    ungated, _ = run("scattered", 0.1, ungated=True)
+    gated, _ = run("scattered", 0.1)
+    assert ungated.mean_ranks_extending < 3 and ungated.extend_round_share > 0.4
+    assert gated.mean_ranks_extending > 6 and gated.extend_round_share < 0.15
+    assert gated.itl_p50_s < ungated.itl_p50_s / 2
+
+
+def test_skewed_sends_four_elevenths_to_rank_zero():  # P4 scenario: one rank gets 4x
+    _, extra = run("skewed", 0.1)
+    total = sum(extra.requests_per_rank)
+    assert extra.requests_per_rank[0] / total == pytest.approx(4 / 11, abs=0.01)
+
+
+def test_kv_pressure_pushes_some_rank_past_the_watermark():  # watermark scenario (P4, S7)
+    above = [0] * 8
+
+    def watch(record, outcomes):
+        for row in record.rows:
+            above[row.rank] += row.occupancy > 0.9
+
+    run("kv-pressure", 0.3, on_round=watch)
+    assert above[0] > 0
+    assert above[0] == max(above)
+
+
+def test_long_chunked_offset_puts_one_rank_a_chunk_behind():  # sglang#35241 variant
+    aligned = scenario("long-chunked").workload().due(0.0)
+    offset = scenario("long-chunked-offset").workload().due(0.0)
+    short = {rank: spec.prompt_len for rank, spec in offset if spec.prompt_len != 60_000}
+    assert short == {1: 60_000 - 8192}
+    assert all(spec.prompt_len == 60_000 for _, spec in aligned)
+
+
+def test_bursty_drains_a_burst_in_consecutive_prefill_rounds():  # rule R3 scenario
+    extend_rounds: list[int] = []
+
+    def watch(record, outcomes):
+        if not record.all_decode_or_idle:
+            extend_rounds.append(record.round)
+
+    run("bursty", 0.05, on_round=watch)
+    streak = longest = 1
+    for before, after in pairwise(extend_rounds):
+        streak = streak + 1 if after == before + 1 else 1
+        longest = max(longest, streak)
+    assert longest >= 3  # ~25 prompts per rank need several budgets, run back to back
