@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from control.calibrate_cli import add_calibrate_parser, calibrate_main
 from control.serve import Attachment, add_run_args, serve_main
 from engine.config import ServerArgs
 
@@ -24,7 +25,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     ServerArgs.add_cli_args(serve)
     add_run_args(serve)
-    return parser, {"serve": serve}
+    return parser, {"serve": serve, "calibrate": add_calibrate_parser(sub)}
 
 
 def attachments() -> list[Attachment]:
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.command == "serve":
         return serve_main(ns, subparsers["serve"], attachments())
+    if ns.command == "calibrate":
+        return calibrate_main(ns)
     parser.error(f"unknown command {ns.command}")
     return 2
 

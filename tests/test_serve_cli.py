@@ -192,3 +192,10 @@ def test_torch_executor_four_ranks_complete_every_request():  # issue 4: serve -
     rounds = int(result.stdout.split("rounds ")[1].split()[0])
     assert rounds >= 200
     assert "SIMULATED" not in result.stdout
+
+
+def test_calibrate_refuses_too_few_rounds():
+    result = subprocess.run(
+        [sys.executable, "-m", "control.cli", "calibrate", "--rounds", "10"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "--rounds must be >= 50" in result.stderr and "Traceback" not in result.stderr
