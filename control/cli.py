@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from control.calibrate_cli import add_calibrate_parser, calibrate_main
+from control.ctl import add_ctl_parser, ctl_main
+from control.grpc_server import add_server_args, attach_grpc, check_server_args
 from control.serve import Attachment, add_run_args, serve_main
 from engine.config import ServerArgs
 
@@ -25,12 +27,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     ServerArgs.add_cli_args(serve)
     add_run_args(serve)
-    return parser, {"serve": serve, "calibrate": add_calibrate_parser(sub)}
+    add_server_args(serve)
+    return parser, {"serve": serve, "calibrate": add_calibrate_parser(sub), "ctl": add_ctl_parser(sub)}
 
 
 def attachments() -> list[Attachment]:
     """Servers that attach to `serve` (the control plane, metrics), in start order."""
-    return []
+    return [attach_grpc]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     parser, subparsers = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "serve":
+        try:
+            check_server_args(ns)
+        except ValueError as exc:
+            subparsers["serve"].error(str(exc))
         return serve_main(ns, subparsers["serve"], attachments())
+    if ns.command == "ctl":
+        return ctl_main(ns)
     if ns.command == "calibrate":
         return calibrate_main(ns)
     parser.error(f"unknown command {ns.command}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from control.backends import Backend, Polled, loads_of
 from control.hub import RoundHub
-from engine.config import ANY_FLAG, ATTEMPT_FLAG, PrefillDelay, ServerArgs
+from engine.config import ANY_FLAG, ATTEMPT_FLAG, MAX_INTERVAL, PrefillDelay, ServerArgs
 from engine.metrics import RunMetrics, Summary
 from engine.record import RoundRecord
 from engine.request import (
@@ -29,22 +29,38 @@ from engine.request import (
     FinishReason,
     FirstToken,
     Refused,
+    RequestError,
     RequestEvent,
     RequestSpec,
     Tokens,
 )
+from engine.scheduler.pool import pages_for
 
 # Proto field names of the admin request, by the flag a ServerArgs error names.
 FIELD_OF_FLAG = {ATTEMPT_FLAG: "attempt_interval", ANY_FLAG: "any_interval"}
 _FLAG_PATTERN = re.compile("|".join(re.escape(flag) + r"(?![-\w])" for flag in FIELD_OF_FLAG))
 
+Violations = list[tuple[str, str]]
+
 
 class ConfigRejected(ValueError):
     """An interval change failed validation; `violations` are (field, description) pairs."""
 
-    def __init__(self, message: str, violations: list[tuple[str, str]]) -> None:
+    def __init__(self, message: str, violations: Violations) -> None:
         super().__init__(message)
         self.violations = violations
+
+
+class RequestRejected(RequestError):
+    """A submission no rank could serve; `violations` are (SubmitRequest field, description) pairs."""
+
+    def __init__(self, violations: Violations) -> None:
+        super().__init__("; ".join(f"{name}: {text}" for name, text in violations))
+        self.violations = violations
+
+
+class DuplicateRequest(RequestError):
+    """A live request already has this id."""
 
 
 class StaleEpoch(RuntimeError):
@@ -129,6 +145,7 @@ class Controller:
         self._last_record_wall = 0.0
         self._started_wall = time.monotonic()
         self._stop_requested = False
+        self.draining = asyncio.Event()  # set by request_stop: health flips at once, not at the next poll
         self.stopped = asyncio.Event()
         self.recent_rates: deque[tuple[float, int]] = deque(maxlen=64)
 
@@ -218,11 +235,12 @@ class Controller:
             self.request_stop()
 
     def request_stop(self) -> None:
-        """Drain: take no new work, and have every rank stop after the same round."""
-        if self._stop_requested:
+        """Drain: take no new work, and have every rank stop after the same round (no-op once stopped)."""
+        if self._stop_requested or self.state == "stopped":
             return
         self._stop_requested = True
         self.state = "draining"
+        self.draining.set()
         self.backend.request_stop()
 
     # -- health and views --------------------------------------------------------------------------
@@ -259,23 +277,30 @@ class Controller:
 
     # -- admin -------------------------------------------------------------------------------------
 
-    def validate_intervals(
-        self, attempt: int | None, any_: int | None, *, disable: bool = False
-    ) -> ServerArgs:
-        """A candidate copy of the arguments with the new intervals, validated like startup (C3)."""
+    def validate_intervals(self, attempt: int | None, any_: int | None, *, disable: bool = False) -> ServerArgs:
+        """A candidate copy of the arguments with the new intervals, validated like startup (C3).
+
+        Each field's own range is checked first so that every bad field is named at once; the read of
+        `prefill_delay` on the candidate stays the final word on the combination.
+        """
+        given = (("attempt_interval", attempt), ("any_interval", any_))
         if disable and (attempt is not None or any_ is not None):
-            violations = [(name, "must be unset when disable is true") for name, v in
-                          (("attempt_interval", attempt), ("any_interval", any_)) if v is not None]
+            violations = [(name, "must be unset when disable is true") for name, v in given if v is not None]
             raise ConfigRejected("disable cannot be combined with intervals", violations)
         if not disable and attempt is None and any_ is None:
             raise ConfigRejected(
                 "give attempt_interval and any_interval, or disable",
-                [("attempt_interval", "required unless disable is true"), ("any_interval", "required unless disable")],
+                [(name, "required unless disable is true") for name, _ in given],
             )
+        out_of_range = [
+            (name, f"must be an integer in [1, {MAX_INTERVAL}], got {value}")
+            for name, value in given
+            if value is not None and not 1 <= value <= MAX_INTERVAL
+        ]
+        if out_of_range:
+            raise ConfigRejected("; ".join(f"{name} {text}" for name, text in out_of_range), out_of_range)
         try:
-            candidate = self._accepted_args.replace(
-                prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_
-            )
+            candidate = self._accepted_args.replace(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
             candidate.prefill_delay  # noqa: B018 - the read is the validation
         except ValueError as exc:
             message = str(exc)
@@ -314,28 +339,63 @@ class Controller:
     # -- requests ----------------------------------------------------------------------------------
 
     def submit(self, spec: RequestSpec | None = None, *, rank: int | None = None, **fields: object) -> RequestStream:
-        """Route a request to a rank and return the stream of its events."""
+        """Route a request to a rank and return the stream of its events.
+
+        Raises Draining, RequestRejected (every bad field named) or DuplicateRequest. A request reaches a
+        rank only once it passes the checks the rank would make, so no rank refuses it later.
+        """
         if self._stop_requested or self.state == "stopped":
             raise Draining("the engine is draining")
         if spec is None:
             rid = str(fields.pop("rid", "") or f"req-{self.run_id}-{next(self._ids)}")
             spec = RequestSpec(rid=rid, arrival=self.backend.now(), **fields)  # type: ignore[arg-type]
+        violations = self.request_violations(spec, rank)
+        if violations:
+            raise RequestRejected(violations)
         spec.check()
         if spec.rid in self._live:
-            from engine.request import RequestError
-
-            raise RequestError(f"request {spec.rid}: duplicate request id")
+            raise DuplicateRequest(f"request {spec.rid}: a live request already has this id")
         if rank is None:
             loads = loads_of(self.latest, self.backend.dp_size)
             rank = min(range(len(loads)), key=lambda r: (loads[r], r))
-        elif not 0 <= rank < self.backend.dp_size:
-            raise ValueError(f"rank must be in [0, {self.backend.dp_size}), got {rank}")
         stream = RequestStream(spec.rid, rank, spec.arrival)
         self._streams[spec.rid] = stream
         self._live[spec.rid] = rank
         self.metrics.add_submitted(spec)
         self.backend.submit(rank, spec)
         return stream
+
+    def request_violations(self, spec: RequestSpec, rank: int | None) -> Violations:
+        """What is wrong with a submission, by SubmitRequest field (empty: a rank would accept it)."""
+        args = self.args
+        out: Violations = []
+        if not spec.rid:
+            out.append(("request_id", "must not be empty"))
+        if spec.prompt is not None:
+            bad = [t for t in spec.prompt if not 0 <= t < args.model_vocab]
+            if bad:
+                out.append(("prompt", f"token ids must be in [0, {args.model_vocab}), got {bad[0]}"))
+        if spec.prompt_len < 1:
+            out.append(("prompt_len", f"must be >= 1 (or give prompt token ids), got {spec.prompt_len}"))
+        elif spec.prompt is not None and len(spec.prompt) != spec.prompt_len:
+            out.append(("prompt_len", f"is {spec.prompt_len} but prompt has {len(spec.prompt)} tokens"))
+        if spec.output_len < 1:
+            out.append(("output_len", f"must be >= 1, got {spec.output_len}"))
+        if spec.prefix_hit < 0 or (spec.prompt_len >= 1 and spec.prefix_hit >= spec.prompt_len):
+            out.append(("prefix_hit", f"must be in [0, prompt_len) = [0, {spec.prompt_len}), got {spec.prefix_hit}"))
+        elif spec.prefix_hit and args.executor != "sim":
+            out.append(("prefix_hit", "this executor has no storage tier to read a cached prefix from"))
+        if spec.prompt_len >= 1 and spec.output_len >= 1:
+            needed = pages_for(spec.prompt_len + spec.output_len, args.page_size)
+            if needed > args.kv_pages:
+                text = (
+                    f"prompt_len + output_len = {spec.prompt_len + spec.output_len} tokens need {needed} pages, "
+                    f"more than the {args.kv_pages} a rank's pool holds"
+                )
+                out += [("prompt_len", text), ("output_len", text)]
+        if rank is not None and not 0 <= rank < self.backend.dp_size:
+            out.append(("rank", f"must be in [0, {self.backend.dp_size}), got {rank}"))
+        return out
 
     def abort(self, rid: str) -> bool:
         """Abort a live request; False when none has that id."""

@@ -3,14 +3,15 @@
 The engine never waits for a subscriber: `publish` only appends. A subscriber that falls behind loses
 its oldest records (LOSSLESS_BOUNDED) or everything but the newest (LATEST_ONLY), and the next record
 it receives says how many it lost (`dropped_before`). Records are converted to protobuf once, lazily,
-when someone reads them.
+when someone reads them. Taps are the lossless exception: synchronous consumers of every record's
+protobuf form (the recorder), called inside `publish`, so they must be quick and must not raise.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from control.convert import round_record
 from engine.record import RoundRecord
@@ -18,6 +19,8 @@ from prefill_gate.v1 import types_pb2 as pb
 
 DEFAULT_QUEUE = 1024
 MAX_QUEUE = 65536
+
+Tap = Callable[[pb.RoundRecord], None]
 
 
 class OutOfHistory(LookupError):
@@ -63,7 +66,7 @@ class Subscriber:
 
     def offer(self, entry: _Entry) -> None:
         """Queue a record, dropping the oldest beyond the bound."""
-        if entry.record.round < self.min_round:
+        if self.closed or entry.record.round < self.min_round:
             return
         while len(self._queue) >= self.max_queue:
             self._queue.popleft()
@@ -108,6 +111,8 @@ class RoundHub:
         self.run_id = run_id
         self._history: deque[_Entry] = deque(maxlen=history)
         self._subscribers: set[Subscriber] = set()
+        self._taps: list[Tap] = []
+        self.closed = False
 
     def publish(self, record: RoundRecord) -> None:
         """Append a round; never blocks."""
@@ -115,6 +120,27 @@ class RoundHub:
         self._history.append(entry)
         for subscriber in self._subscribers:
             subscriber.offer(entry)
+        for tap in self._taps:
+            tap(entry.pb)
+
+    def add_tap(self, tap: Tap) -> None:
+        """Call `tap` with every record published from now on (lossless, on the publishing loop)."""
+        self._taps.append(tap)
+
+    def remove_tap(self, tap: Tap) -> None:
+        """Stop calling `tap`."""
+        self._taps.remove(tap)
+
+    def resize(self, history: int) -> None:
+        """Hold up to `history` rounds from now on, keeping the newest already held."""
+        if history < 1:
+            raise ValueError(f"history must hold at least one round, got {history}")
+        self._history = deque(self._history, maxlen=history)
+
+    @property
+    def capacity(self) -> int:
+        """Rounds the history ring holds at most."""
+        return self._history.maxlen or 0
 
     @property
     def first_round(self) -> int | None:
@@ -133,7 +159,10 @@ class RoundHub:
     def subscribe(
         self, *, from_round: int | None = None, latest_only: bool = False, max_queue: int = 0, ranks: Iterable[int] = ()
     ) -> Subscriber:
-        """A new subscriber, primed from history when `from_round` is given; raises OutOfHistory."""
+        """A new subscriber, primed from history when `from_round` is given; raises OutOfHistory.
+
+        After `close_all` the subscriber is closed at once: it still receives what history it asked for.
+        """
         if max_queue < 0 or max_queue > MAX_QUEUE:
             raise ValueError(f"max_queue must be in [0, {MAX_QUEUE}], got {max_queue}")
         subscriber = Subscriber(latest_only, max_queue or DEFAULT_QUEUE, ranks)
@@ -144,7 +173,10 @@ class RoundHub:
             subscriber.min_round = from_round  # a future round: the stream starts when it happens
             for entry in self._history:
                 subscriber.offer(entry)
-        self._subscribers.add(subscriber)
+        if self.closed:
+            subscriber.close()
+        else:
+            self._subscribers.add(subscriber)
         return subscriber
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
@@ -152,7 +184,8 @@ class RoundHub:
         self._subscribers.discard(subscriber)
 
     def close_all(self) -> None:
-        """End every stream cleanly (drain)."""
+        """End every stream cleanly after what it has queued (drain); later subscribers end at once."""
+        self.closed = True
         for subscriber in self._subscribers:
             subscriber.close()
 

@@ -1,7 +1,7 @@
 """Generate the Python code of `protos/` into `prefill_gate/` (one command), or check it is current.
 
-    python -m control.protogen          # regenerate
-    python -m control.protogen --check  # exit 1 when the committed code differs from a fresh generation
+python -m control.protogen          # regenerate
+python -m control.protogen --check  # exit 1 when the committed code differs from a fresh generation
 """
 
 from __future__ import annotations

@@ -167,7 +167,11 @@ async def run_serve(
     pids = getattr(controller.backend, "pids", None)
     if pids:
         print(f"started {len(pids)} rank processes: pids {' '.join(map(str, pids))}", file=out, flush=True)
-    stops = [await attach(controller, ns) for attach in attachments]
+    try:
+        stops = [await attach(controller, ns) for attach in attachments]
+    except (OSError, ValueError):
+        controller.backend.close()  # a busy port must not leave rank processes behind
+        raise
     progress = None
     if not ns.no_progress:
         progress = asyncio.create_task(_progress(controller, out))
@@ -206,6 +210,9 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
     controller = Controller(args, backend, duration=ns.duration, stop_when_idle=not ns.keep_serving)
     try:
         return asyncio.run(run_serve(controller, ns, attachments))
+    except (OSError, ValueError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
     except RankFailure as exc:
         backend.close()
         print(f"\nerror: {exc}", file=sys.stderr, flush=True)

@@ -20,6 +20,8 @@ DEVICES = ("cpu", "cuda")
 ATTEMPT_FLAG = "--prefill-attempt-interval"
 ANY_FLAG = "--prefill-any-attempt-interval"
 DECODE_INTERVAL_FLAG = "--prefill-decode-interval"
+# The control plane reports intervals as uint32 (GateConfig); a larger one could never be shown.
+MAX_INTERVAL = 2**32 - 1
 
 
 def flag_name(field_name: str) -> str:
@@ -102,8 +104,8 @@ class ServerArgs:
                 f"the prefill delay gate needs both intervals"
             )
         for flag, value in ((ATTEMPT_FLAG, attempt), (ANY_FLAG, any_)):
-            if not _is_positive_int(value):
-                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+            if not _is_positive_int(value) or value > MAX_INTERVAL:
+                raise ValueError(f"{flag} must be an integer in [1, {MAX_INTERVAL}], got {value!r}")
         if any_ < attempt:
             raise ValueError(
                 f"{ANY_FLAG} ({any_}) must be >= {ATTEMPT_FLAG} ({attempt}): otherwise the ALL points "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SERVE = [sys.executable, "-m", "control.cli", "serve"]
+SERVE = [sys.executable, "-m", "control.cli", "serve", "--port", "0"]
 SIM_PROCS = [
     "--executor",
     "sim",

@@ -42,11 +42,13 @@ class GetRoundsRequest(_message.Message):
     def __init__(self, from_round: _Optional[int] = ..., to_round: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetRoundsResponse(_message.Message):
-    __slots__ = ("records", "history_first_round", "history_last_round")
+    __slots__ = ("records", "history_first_round", "history_last_round", "truncated")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIRST_ROUND_FIELD_NUMBER: _ClassVar[int]
     HISTORY_LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[_types_pb2.RoundRecord]
     history_first_round: int
     history_last_round: int
-    def __init__(self, records: _Optional[_Iterable[_Union[_types_pb2.RoundRecord, _Mapping]]] = ..., history_first_round: _Optional[int] = ..., history_last_round: _Optional[int] = ...) -> None: ...
+    truncated: bool
+    def __init__(self, records: _Optional[_Iterable[_Union[_types_pb2.RoundRecord, _Mapping]]] = ..., history_first_round: _Optional[int] = ..., history_last_round: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
