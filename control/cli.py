@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+# gRPC's C core prints INFO lines straight to the terminal unless told otherwise before it is imported.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from console.cli import add_console_parser, console_main
 from control.calibrate_cli import add_calibrate_parser, calibrate_main
 from control.ctl import add_ctl_parser, ctl_main
 from control.grpc_server import add_server_args, attach_grpc, check_server_args
@@ -28,7 +33,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     ServerArgs.add_cli_args(serve)
     add_run_args(serve)
     add_server_args(serve)
-    return parser, {"serve": serve, "calibrate": add_calibrate_parser(sub), "ctl": add_ctl_parser(sub)}
+    return parser, {
+        "serve": serve,
+        "ctl": add_ctl_parser(sub),
+        "console": add_console_parser(sub),
+        "calibrate": add_calibrate_parser(sub),
+    }
 
 
 def attachments() -> list[Attachment]:
@@ -48,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(ns, subparsers["serve"], attachments())
     if ns.command == "ctl":
         return ctl_main(ns)
+    if ns.command == "console":
+        return console_main(ns)
     if ns.command == "calibrate":
         return calibrate_main(ns)
     parser.error(f"unknown command {ns.command}")

@@ -1,0 +1,169 @@
+"""Throughput and latency: the run's figures from GetSnapshot, and what the timeline's rounds add up to."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+from console.state import ConsoleState
+from console.textfit import fit_lines
+from prefill_gate.v1 import types_pb2 as pb
+
+_WIDE = 60  # below this width the panel is a side column: one figure per line
+
+
+def ms(seconds: float) -> str:
+    """A duration for a human: milliseconds below a second, seconds above."""
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+def latency(seconds: float) -> str:
+    """A latency percentile; the server sends 0 until the first sample, and no real latency is 0."""
+    return ms(seconds) if seconds > 0 else "-"
+
+
+def share(value: float | None) -> str:
+    """A share as a percentage, `-` when unknown."""
+    return f"{value:.0%}" if value is not None else "-"
+
+
+def figure(value: float | None, fmt: str = "{:.1f}") -> str:
+    """A number, `-` when unknown."""
+    return fmt.format(value) if value is not None else "-"
+
+
+class ThroughputPanel(Widget):
+    """Output tokens/s, TTFT, gate wait, extend share and ranks per window."""
+
+    COMPONENT_CLASSES = {"throughput--title", "throughput--label", "throughput--value", "throughput--note"}
+
+    DEFAULT_CSS = """
+    ThroughputPanel {
+        height: auto;
+        min-height: 3;
+        padding: 0 1;
+        background: $surface;
+    }
+    ThroughputPanel > .throughput--title { color: $text-muted; text-style: bold; }
+    ThroughputPanel > .throughput--label { color: $text-muted; }
+    ThroughputPanel > .throughput--value { color: $text; text-style: bold; }
+    ThroughputPanel > .throughput--note { color: $text-disabled; text-style: italic; }
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._state: ConsoleState | None = None
+        self._key: tuple = ()
+
+    def show(self, state: ConsoleState) -> None:
+        """Redraw when a figure shown changed."""
+        stats = state.stats
+        key = (stats.SerializeToString() if stats is not None else b"", state.figures, state.live)
+        if key != self._key:
+            self._key = key
+            self._state = state
+            self.refresh()
+
+    def _style(self, name: str) -> Style:
+        return self.get_component_rich_style(f"throughput--{name}", partial=True)
+
+    def render(self) -> Text:
+        state = self._state
+        if state is None:
+            return Text("")
+        if self.size.width >= _WIDE:
+            text = self._inline(state)
+        else:
+            text = self._column(self.run_pairs(state.stats), self.window_pairs(state), state)
+        return fit_lines(text, self.content_region.width)
+
+    @staticmethod
+    def run_pairs(stats: pb.RunStats | None) -> list[tuple[str, str]]:
+        """The run's figures as (label, value), or none when no snapshot is there."""
+        if stats is None:
+            return []
+        wait = f"{ms(stats.gate_wait_p99_seconds)} ({stats.gate_wait_p99_rounds:.0f} rounds)"
+        return [
+            ("output tokens/s", f"{stats.output_tokens_per_second:,.0f}"),
+            ("TTFT p50 / p99", f"{latency(stats.ttft_p50_seconds)} / {latency(stats.ttft_p99_seconds)}"),
+            ("gate wait p99", wait),
+            ("extend path", f"{share(stats.extend_round_share)} of rounds"),
+            ("ranks extending/window", f"{stats.ranks_extending_per_window:.2f}"),
+            ("requests done", f"{stats.requests_finished:,} / {stats.requests_submitted:,}"),
+        ]
+
+    @staticmethod
+    def window_pairs(state: ConsoleState) -> list[tuple[str, str]]:
+        """What the timeline's rounds add up to, as (label, value)."""
+        f = state.figures
+        return [
+            ("extend path", f"{share(f.extend_share)} of rounds"),
+            ("ranks extending/window", figure(f.ranks_per_window, "{:.2f}")),
+            ("ANY opened / shut", f"{f.any_open} / {f.any_shut}"),
+            ("ALL opened / shut", f"{f.all_open} / {f.all_shut}"),
+        ]
+
+    def _column(self, pairs: list[tuple[str, str]], window: list[tuple[str, str]], state: ConsoleState) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        label_width = max(len(label) for label, _ in pairs + window)
+        text.append("throughput and latency (run)\n", style=self._style("title"))
+        if pairs:
+            for label, value in pairs:
+                text.append(f"{label:<{label_width}} ", style=self._style("label"))
+                text.append(f"{value}\n", style=self._style("value"))
+        else:
+            text.append(self._missing(state, "\n") + "\n", style=self._style("note"))
+        text.append(f"\nlast {state.figures.rounds} rounds (stream)\n", style=self._style("title"))
+        for label, value in window:
+            text.append(f"{label:<{label_width}} ", style=self._style("label"))
+            text.append(f"{value}\n", style=self._style("value"))
+        text.rstrip()
+        return text
+
+    def _inline(self, state: ConsoleState) -> Text:
+        """Three dense lines for a panel as wide as the screen (narrow terminals)."""
+        stats = state.stats
+        f = state.figures
+        rows: list[tuple[str, list[tuple[str, str]] | None]] = [("run", None), ("", [])]
+        if stats is not None:
+            wait = f"{ms(stats.gate_wait_p99_seconds)} / {stats.gate_wait_p99_rounds:.0f} rounds"
+            rows = [
+                ("run", [
+                    ("out", f"{stats.output_tokens_per_second:,.0f} tok/s"),
+                    ("TTFT p50", latency(stats.ttft_p50_seconds)),
+                    ("p99", latency(stats.ttft_p99_seconds)),
+                    ("gate wait p99", wait),
+                ]),
+                ("", [
+                    ("extend path", share(stats.extend_round_share)),
+                    ("ranks/window", f"{stats.ranks_extending_per_window:.2f}"),
+                    ("done", f"{stats.requests_finished:,}/{stats.requests_submitted:,}"),
+                ]),
+            ]
+        rows.append((f"last {f.rounds}", [
+            ("extend path", share(f.extend_share)),
+            ("ranks/window", figure(f.ranks_per_window, "{:.2f}")),
+            ("ANY", f"▲{f.any_open} △{f.any_shut}"),
+            ("ALL", f"■{f.all_open} □{f.all_shut}"),
+        ]))
+        text = Text()
+        for number, (title, items) in enumerate(rows):
+            if number:
+                text.append("\n")
+            text.append(f"{title:<9}", style=self._style("title"))
+            if items is None:
+                text.append(self._missing(state), style=self._style("note"))
+                continue
+            for index, (label, value) in enumerate(items):
+                if index:
+                    text.append(" · ")
+                text.append(f"{label} ", style=self._style("label"))
+                text.append(value, style=self._style("value"))
+        return text
+
+    @staticmethod
+    def _missing(state: ConsoleState, separator: str = ": ") -> str:
+        if not state.live:
+            return separator.join(("a recording holds rounds only", "request figures need a live server"))
+        return "waiting for the first snapshot"

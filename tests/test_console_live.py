@@ -1,0 +1,378 @@
+"""The console against a real in-process control plane: every key binding, the editor's paths, and the
+link's bad days (unreachable, wrong token, a server that restarts mid-stream).
+
+The engine is the lockstep simulator paced to wall time, behind the real gRPC server on an ephemeral
+port, on the test's own event loop; the console connects to it over TCP like any client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.command import CommandPalette
+from textual.pilot import Pilot
+
+from console.admin import AdminClient
+from console.app import ConsoleApp
+from console.endpoint import Endpoint
+from console.sample import sample_args, sample_workload
+from console.screens.confirm import Confirm
+from console.screens.editor import IntervalEditor
+from console.screens.help import HelpScreen
+from console.screens.rank_detail import RankDetail
+from console.source import GrpcSource
+from console.state import Link
+from console.widgets import RankGrid
+from control.backends import SimBackend
+from control.controller import Controller
+from control.grpc_server import ControlPlane, PlaneOptions
+
+TOKEN = "console-test-token"
+DP_SIZE = 4
+PACE = 1.0  # virtual seconds per wall second: the sample group runs 20-40 rounds/s
+
+
+@dataclass
+class Server:
+    """A controller with its control plane."""
+
+    controller: Controller
+    plane: ControlPlane
+    run: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        """Drain and stop, as SIGTERM would."""
+        await self.plane.stop()
+        self.controller.request_stop()
+        try:
+            await asyncio.wait_for(self.run, 30)
+        finally:
+            self.controller.backend.close()
+
+
+async def start_server(port: int = 0, dp_size: int = DP_SIZE, **options: Any) -> Server:
+    """The sample group (KV pressure, a closed loop) served on `port` (0: any free one)."""
+    args = sample_args(dp_size)
+    backend = SimBackend(args, sample_workload(dp_size), pace=PACE)
+    controller = Controller(args, backend, stop_when_idle=False)
+    await asyncio.get_running_loop().run_in_executor(None, controller.start)
+    plane = ControlPlane(controller, PlaneOptions(port=port, token=TOKEN, **options), out=io.StringIO())
+    await plane.start()
+    return Server(controller, plane, asyncio.create_task(controller.run()))
+
+
+@asynccontextmanager
+async def served(dp_size: int = DP_SIZE) -> AsyncIterator[Server]:
+    """A server for the length of a test."""
+    server = await start_server(dp_size=dp_size)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def console(target: str, token: str | None = TOKEN) -> ConsoleApp:
+    """The console on a live target."""
+    return ConsoleApp(GrpcSource(Endpoint(target, token)))
+
+
+async def until(pilot: Pilot, condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    """Let the app run until `condition` holds."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await pilot.pause(0.05)
+    assert condition(), what
+
+
+async def rounds_arrived(pilot: Pilot, count: int = 12) -> ConsoleApp:
+    """Until the console holds `count` records and has drawn them."""
+    app = pilot.app
+    assert isinstance(app, ConsoleApp)
+    await until(pilot, lambda: len(app.store.history) >= count, f"{count} rounds")
+    app.refresh_now()
+    await pilot.pause()
+    return app
+
+
+def header_text(app: ConsoleApp) -> str:
+    """What the header shows."""
+    return app.query_one("#header").compose_text(app.state).plain  # type: ignore[attr-defined]
+
+
+async def test_live_view_and_navigation_keys() -> None:
+    """Live data reaches every widget; space, left/right, shift+arrows, grid keys, enter, help, palette, q."""
+    async with served() as server:
+        app = console(server.plane.target)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await rounds_arrived(pilot)
+            assert app.state.connection.link is Link.LIVE
+            assert "● live" in header_text(app)
+            assert f"{DP_SIZE} ranks" in header_text(app)
+            grid = app.query_one(RankGrid)
+            assert [row.rank for row in grid.rows] == list(range(DP_SIZE))
+            await until(pilot, lambda: app.store.stats is not None, "a snapshot")
+
+            # space pauses on the newest round, and the view stays there while rounds keep coming
+            await pilot.press("space")
+            paused_at = app.state.record.round
+            assert app.state.paused and "PAUSED" in header_text(app)
+            await pilot.pause(0.3)
+            app.refresh_now()
+            assert app.state.record.round == paused_at
+            assert app.store.newest.round > paused_at
+
+            # left/right and shift+left/right move through the held rounds
+            await pilot.press("left")
+            assert app.state.record.round == paused_at - 1
+            await pilot.press("shift+left")
+            assert app.state.record.round == paused_at - 11
+            await pilot.press("right")
+            assert app.state.record.round == paused_at - 10
+            await pilot.press("shift+right")
+            assert app.state.record.round == paused_at
+            await pilot.press("space")
+            assert not app.state.paused and "following the newest" in header_text(app)
+
+            # the grid's cursor keys
+            await pilot.press("down", "down")
+            assert grid.cursor == 2
+            await pilot.press("up")
+            assert grid.cursor == 1
+            await pilot.press("end")
+            assert grid.cursor == DP_SIZE - 1
+            await pilot.press("home")
+            assert grid.cursor == 0
+            await pilot.press("pagedown")
+            assert grid.cursor == DP_SIZE - 1
+            await pilot.press("pageup")
+            assert grid.cursor == 0
+
+            # enter: the cursor rank's recent rows; up/down switch rank; escape goes back
+            await pilot.press("down", "enter")
+            assert isinstance(app.screen, RankDetail) and app.screen.rank == 1
+            await until(pilot, lambda: len(app.screen.lines) > 10, "rank 1's rows")
+            assert all(line.plain.split()[0].isdigit() for line in app.screen.lines)
+            await pilot.press("down")
+            assert app.screen.rank == 2
+            await pilot.press("up", "up")
+            assert app.screen.rank == 0
+            await pilot.press("escape")
+            assert isinstance(app.screen.query_one(RankGrid), RankGrid)
+            await pilot.press("enter")
+            assert isinstance(app.screen, RankDetail)
+            await pilot.press("enter")  # enter also goes back
+            assert not isinstance(app.screen, RankDetail)
+
+            # help lists the keys; escape closes it
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, HelpScreen)
+            await pilot.press("f1")
+            assert isinstance(app.screen, HelpScreen)
+            text = app.screen.plain_text()
+            assert "Keys and what the columns mean" in text and "blocks ALL" in text
+            for binding in app.BINDINGS:
+                assert binding.tooltip in text  # every key the app binds is explained
+            await pilot.press("e", "d")  # the app's keys stay quiet over a dialog
+            assert isinstance(app.screen, HelpScreen) and len(app.screen_stack) == 2
+            await pilot.press("q")  # q closes help, and only help
+            assert not isinstance(app.screen, HelpScreen) and app.is_running
+
+            # the command palette offers every action
+            await pilot.press("ctrl+p")
+            assert isinstance(app.screen, CommandPalette)
+            titles = {command.title for command in app.get_system_commands(app.screen)}
+            assert {"Pause or resume", "Back one round", "Forward one round", "Rank detail", "Edit gate intervals",
+                    "Disable the gate", "Help", "Quit"} <= titles
+            await pilot.press("escape")
+
+            await pilot.press("q")
+            await pilot.pause()
+        assert app.return_code == 0
+
+
+async def test_editor_errors_then_success_and_disable() -> None:
+    """e: violations land next to their fields; a good change shows its epoch and adoption round; d disables."""
+    async with served() as server:
+        app = console(server.plane.target)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await rounds_arrived(pilot, 5)
+            await pilot.press("e")
+            editor = app.screen
+            assert isinstance(editor, IntervalEditor)
+
+            # ANY below ALL: refused by the server's validation (C2), named on the any_interval field
+            await fill(pilot, editor, "8", "2")
+            await until(pilot, lambda: editor.shown_violations, "violations")
+            assert "any_interval" in editor.shown_violations
+            assert "not applied" in editor.status_text
+
+            # a negative interval: its own field
+            await fill(pilot, editor, "-3", "12", submit="ctrl+s")
+            await until(pilot, lambda: editor.shown_violations, "violations")
+            assert "attempt_interval" in editor.shown_violations
+            assert "any_interval" not in editor.shown_violations
+
+            # an empty field: required
+            await fill(pilot, editor, "", "12")
+            await until(pilot, lambda: editor.shown_violations, "violations")
+            assert set(editor.shown_violations) >= {"attempt_interval"}
+
+            # valid: applied, with the epoch and the round after which every rank adopted it
+            await fill(pilot, editor, "2", "6")
+            await until(pilot, lambda: editor.status_text.startswith("applied"), "the change applied")
+            assert not editor.shown_violations
+            assert "epoch 1" in editor.status_text and "ALL A=2" in editor.status_text
+            assert "after round" in editor.status_text
+            await pilot.press("escape")
+            await until(pilot, lambda: "A=2 · ANY K=6 · epoch 1" in header_text(app), "the header's new config")
+
+            # d asks first; n (or escape) keeps the gate
+            await pilot.press("d")
+            assert isinstance(app.screen, Confirm)
+            await pilot.press("n")
+            assert not isinstance(app.screen, Confirm)
+            await pilot.press("d", "escape")
+            assert not isinstance(app.screen, Confirm)
+            assert server.controller.config.delay is not None
+
+            # d, y: disabled on every rank
+            await pilot.press("d")
+            await pilot.press("y")
+            await until(pilot, lambda: "gate disabled" in app.store.notice_text, "the gate disabled")
+            assert server.controller.config.delay is None
+            await until(pilot, lambda: "gate OFF" in header_text(app), "the header shows the gate off")
+
+
+async def fill(pilot: Pilot, editor: IntervalEditor, attempt: str, any_: str, submit: str = "enter") -> None:
+    """Type both fields and submit (enter in a field, or ctrl+s)."""
+    editor.shown_violations.clear()
+    editor.status_text = ""
+    for selector, value in (("#attempt", attempt), ("#any", any_)):
+        field = editor.query_one(selector)
+        field.value = ""  # type: ignore[attr-defined]
+        field.focus()
+        await pilot.press(*list(value) or ["backspace"])
+    await pilot.press(submit)
+
+
+async def test_wrong_token_and_stale_epoch_are_reported_in_the_editor() -> None:
+    """A wrong token is PERMISSION_DENIED, shown in the editor; a change made meanwhile is not overwritten."""
+    async with served() as server:
+        app = console(server.plane.target, token="not-the-token")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await rounds_arrived(pilot, 5)
+            await pilot.press("e")
+            editor = app.screen
+            assert isinstance(editor, IntervalEditor)
+            await fill(pilot, editor, "2", "6")
+            await until(pilot, lambda: "not applied" in editor.status_text, "the refusal")
+            assert "PERMISSION_DENIED" in editor.status_text and "--token" in editor.status_text
+
+        app = console(server.plane.target)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await rounds_arrived(pilot, 5)
+            await pilot.press("e")
+            editor = app.screen
+            assert isinstance(editor, IntervalEditor)
+            other = AdminClient(Endpoint(server.plane.target, TOKEN))
+            await other.update_intervals(3, 9)  # someone else, while the editor is open
+            await other.endpoint.close()
+            await fill(pilot, editor, "2", "6")
+            await until(pilot, lambda: "not applied" in editor.status_text, "the stale epoch")
+            assert "epoch" in editor.status_text
+            assert "ALL A=3 · ANY K=9" in str(editor.query_one("#in-force").render())
+            assert server.controller.config.delay.attempt_interval == 3
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_unreachable_target_then_server_appears_then_restarts() -> None:
+    """Nothing listening: reconnecting with the reason on screen; a server comes up: live; it restarts
+    mid-stream: reconnecting, then live on the new run with a notice."""
+    port = free_port()
+    app = console(f"127.0.0.1:{port}")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: app.store.link is Link.RECONNECTING, "reconnecting")
+        app.refresh_now()
+        assert "connection refused" in header_text(app)
+        assert "↻ reconnecting" in header_text(app)
+
+        first = await start_server(port)
+        try:
+            await until(pilot, lambda: len(app.store.history) >= 5, "rounds from the first run")
+            first_run = app.store.run_id
+            assert first_run == first.controller.run_id
+        finally:
+            await first.stop()
+        await until(pilot, lambda: app.store.link is Link.RECONNECTING, "the stream ended")
+
+        second = await start_server(port)
+        try:
+            await until(pilot, lambda: app.store.run_id == second.controller.run_id and app.store.history,
+                        "rounds from the restarted server")
+            app.refresh_now()
+            assert app.state.connection.link is Link.LIVE
+            assert "the server restarted" in app.store.notice_text and first_run in app.store.notice_text
+            assert all(record.run_id == second.controller.run_id for record in app.store.history)
+        finally:
+            await second.stop()
+
+
+@pytest.mark.parametrize("dp_size", [64])
+async def test_sixty_four_ranks_scroll(dp_size: int) -> None:
+    """64 ranks: the grid scrolls to keep the cursor visible."""
+    async with served(dp_size) as server:
+        app = console(server.plane.target)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await rounds_arrived(pilot, 3)
+            grid = app.query_one(RankGrid)
+            assert len(grid.rows) == dp_size
+            await pilot.press("end")
+            assert grid.cursor == dp_size - 1 and grid.scroll_y > 0
+            await pilot.press("home")
+            assert grid.scroll_y == 0
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A key and certificate for 127.0.0.1 (the openssl CLI: `cryptography` is not installed here)."""
+    key, cert = directory / "key.pem", directory / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return key, cert
+
+
+async def test_tls_with_and_without_the_ca(tmp_path: Path) -> None:
+    """--tls-ca connects to a TLS control plane; a plaintext console says it cannot get through."""
+    key, cert = self_signed(tmp_path)
+    server = await start_server(tls_cert=str(cert), tls_key=str(key))
+    try:
+        app = ConsoleApp(GrpcSource(Endpoint(server.plane.target, TOKEN, tls_ca=str(cert))))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await rounds_arrived(pilot, 3)
+            assert app.state.connection.link is Link.LIVE
+        app = console(server.plane.target)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.store.link is Link.RECONNECTING, "refused in plaintext")
+            assert "closed the connection at once (a TLS server? then pass --tls-ca)" in app.store.detail
+    finally:
+        await server.stop()

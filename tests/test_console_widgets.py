@@ -1,0 +1,318 @@
+"""What the console's widgets and store say, asserted on their text, from fixed records.
+
+No server here: the store is fed directly (as a source would feed it) and the widgets are read back
+line by line. The live paths are in test_console_live.py, the pictures in test_console_snapshots.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from console.admin import field_violations
+from console.app import ConsoleApp
+from console.endpoint import Endpoint, TargetError, check_target
+from console.source import ReplaySource
+from console.state import Connection, Link, Mark
+from console.store import STALE_AFTER_S, Store, figures
+from console.widgets import RankGrid, StatusHeader, ThroughputPanel, Timeline
+from console.widgets.rank_grid import Columns
+from console.widgets.status_header import config_label, link_label
+from console.widgets.timeline import GAP, level, point_glyph
+from prefill_gate.v1 import types_pb2 as pb
+
+CONFIG = pb.GateConfig(epoch=2, attempt_interval=4, any_interval=12, enabled=True, policy="gate")
+
+
+def row(rank: int, **fields: object) -> pb.RankRow:
+    """A rank row; `blocks_all` and `above_watermark` follow the fields as the converter sets them."""
+    message = pb.RankRow(rank=rank, **fields)
+    message.blocks_all = message.has_decode_work and not message.want_prefill
+    message.above_watermark = message.occupancy > 0.9
+    return message
+
+
+def record(round_index: int, rows: list[pb.RankRow], *, point: int = pb.GATE_POINT_NONE, opened: bool = False,
+           counter: int = 0, dropped_before: int = 0, run_id: str = "run-a") -> pb.RoundRecord:
+    """A round record at 100 rounds/s of server time."""
+    return pb.RoundRecord(
+        round=round_index, unix_nanos=1_000_000_000 + round_index * 10_000_000, counter=counter, point=point,
+        open=opened, ranks=rows, config=CONFIG, dropped_before=dropped_before, run_id=run_id,
+        ranks_extending=sum(1 for r in rows if r.num_extends),
+        ranks_wanting=sum(1 for r in rows if r.want_prefill),
+        ranks_blocking_all=sum(1 for r in rows if r.blocks_all),
+    )
+
+
+ROWS = [
+    row(0, want_prefill=True, has_decode_work=True, batch_size=12, num_tokens=2060, num_extends=1,
+        planned_prefill=True, occupancy=0.42, resident_chunks=1, waiting_prompts=3),
+    row(1, want_prefill=False, has_decode_work=True, batch_size=9, num_tokens=9, occupancy=0.95, waiting_prompts=4,
+        retracted=2),
+    row(2, want_prefill=False, has_decode_work=False, occupancy=0.0),
+    row(3, want_prefill=True, has_decode_work=True, batch_size=7, num_tokens=7, occupancy=0.88, storage_reads=2),
+]
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- the store -------------------------------------------------------------------------------------
+
+
+def test_store_counts_drops_from_the_server_and_from_gaps() -> None:
+    store = Store("t", live=True, clock=Clock())
+    store.record(record(10, ROWS))
+    store.record(record(11, ROWS, dropped_before=0))
+    store.record(record(15, ROWS, dropped_before=3))  # three announced, one more missing before the server
+    store.record(record(20, ROWS))  # a resume the server could not fill
+    assert store.dropped == 3 + 4
+    marks = store.view().marks
+    assert [m.gap_before for m in marks] == [False, False, True, True]
+
+
+def test_store_new_run_resets_history_and_says_so() -> None:
+    store = Store("t", live=True, clock=Clock())
+    store.record(record(500, ROWS, run_id="run-a"))
+    store.record(record(0, ROWS, run_id="run-b"))
+    assert [r.round for r in store.history] == [0]
+    assert store.dropped == 0
+    assert "restarted" in store.notice_text and "run-a" in store.notice_text and "run-b" in store.notice_text
+
+
+def test_store_pause_and_step_stay_within_history() -> None:
+    store = Store("t", live=True, clock=Clock())
+    for index in range(50):
+        store.record(record(index, ROWS))
+    assert store.toggle_pause()
+    store.record(record(50, ROWS))
+    assert store.view().record.round == 49 and store.view().behind == 1
+    assert store.step(-10) == 39
+    assert store.step(-100) == 0
+    assert store.step(1000) == 50
+    assert not store.toggle_pause()
+    assert store.view().record.round == 50 and not store.view().paused
+
+
+def test_store_stale_after_silence_and_reconnect_countdown() -> None:
+    clock = Clock()
+    store = Store("t", live=True, clock=clock)
+    store.status(Link.LIVE, "streaming")
+    store.record(record(1, ROWS))
+    clock.now += STALE_AFTER_S + 2.4
+    connection = store.view().connection
+    assert connection.link is Link.STALE and connection.stale_s == pytest.approx(STALE_AFTER_S + 2.4)
+    store.status(Link.RECONNECTING, "cannot reach x", retry_in_s=4.0)
+    clock.now += 1.5
+    assert store.view().connection.retry_in_s == pytest.approx(2.5)
+
+
+def test_rate_and_figures_from_the_records() -> None:
+    store = Store("t", live=False, clock=Clock())
+    marks_in = [
+        (pb.GATE_POINT_ALL, True, 3), (pb.GATE_POINT_NONE, False, 0), (pb.GATE_POINT_ANY, False, 0),
+        (pb.GATE_POINT_ANY, True, 1), (pb.GATE_POINT_ALL, False, 0),
+    ]
+    for index, (point, opened, extending) in enumerate(marks_in):
+        rows = [row(r, num_extends=1 if r < extending else 0) for r in range(4)]
+        store.record(record(index, rows, point=point, opened=opened))
+    state = store.view()
+    assert state.rounds_per_s == pytest.approx(100.0)
+    assert state.figures.extend_share == pytest.approx(2 / 5)
+    assert state.figures.ranks_per_window == pytest.approx((3 + 1) / 2)
+    assert (state.figures.any_open, state.figures.any_shut, state.figures.all_open, state.figures.all_shut) == (
+        1, 1, 1, 1)
+    assert figures([]).extend_share is None
+
+
+# -- labels ----------------------------------------------------------------------------------------
+
+
+def test_link_and_config_labels() -> None:
+    assert link_label(Connection(Link.LIVE)) == "● live"
+    assert link_label(Connection(Link.STALE, stale_s=4.2)) == "◌ stale for 4 s"
+    assert link_label(Connection(Link.RECONNECTING, retry_in_s=2.0)) == "↻ reconnecting in 2 s"
+    assert link_label(Connection(Link.RECONNECTING, retry_in_s=0.2)) == "↻ reconnecting now"
+    store = Store("t", live=True)
+    store.record(record(1, ROWS))
+    assert config_label(store.view()) == "gate ON · ALL A=4 · ANY K=12 · epoch 2"
+    off = record(2, ROWS)
+    off.config.CopyFrom(pb.GateConfig(epoch=3, enabled=False, policy="gate"))
+    store.record(off)
+    assert config_label(store.view()) == "gate OFF · epoch 3"
+
+
+def test_timeline_glyphs() -> None:
+    def mark(point: int, opened: bool, extending: int = 0) -> Mark:
+        return Mark(1, point, opened, 0, extending, False)
+
+    assert point_glyph(mark(pb.GATE_POINT_ANY, True)) == ("▲", "open")
+    assert point_glyph(mark(pb.GATE_POINT_ANY, False)) == ("△", "shut")
+    assert point_glyph(mark(pb.GATE_POINT_ALL, True)) == ("■", "open")
+    assert point_glyph(mark(pb.GATE_POINT_ALL, False)) == ("□", "shut")
+    assert point_glyph(mark(pb.GATE_POINT_NONE, False)) == ("·", "none")
+    assert level(0, 8) == " " and level(8, 8) == "█" and level(1, 8) == "▂"
+
+
+def test_field_violations_from_trailing_metadata() -> None:
+    bad = error_details_pb2.BadRequest(field_violations=[
+        error_details_pb2.BadRequest.FieldViolation(field="any_interval", description="must be >= 4"),
+        error_details_pb2.BadRequest.FieldViolation(field="any_interval", description="must be an integer"),
+    ])
+    status = status_pb2.Status(code=3, message="bad")
+    status.details.add().Pack(bad)
+    metadata = (("other", "x"), ("grpc-status-details-bin", status.SerializeToString()))
+    assert field_violations(metadata) == {"any_interval": ["must be >= 4", "must be an integer"]}
+
+
+def test_targets_and_credentials(tmp_path) -> None:
+    assert check_target("127.0.0.1:50151") == "127.0.0.1:50151"
+    assert check_target("[::1]:7") == "[::1]:7"
+    for bad in ("localhost", "host:port", ":50151", "a:0", "a:70000", "http://a:1"):
+        with pytest.raises(TargetError, match="HOST:PORT"):
+            check_target(bad)
+    with pytest.raises(TargetError, match="cannot read"):
+        Endpoint("a:1", tls_ca=str(tmp_path / "missing.pem"))
+    (tmp_path / "junk.pem").write_text("junk")
+    with pytest.raises(TargetError, match="not a PEM"):
+        Endpoint("a:1", tls_ca=str(tmp_path / "junk.pem"))
+    assert Endpoint("a:1", token="s3").metadata == (("authorization", "Bearer s3"),)
+
+
+# -- widgets in a running app ----------------------------------------------------------------------
+
+
+def fixed_app(records: list[pb.RoundRecord]) -> ConsoleApp:
+    frozen = Clock()
+    return ConsoleApp(ReplaySource(iter(records), "fixed.pgrec", speed=0, clock=frozen), limit=len(records),
+                      clock=frozen)
+
+
+def grid_lines(grid: RankGrid) -> list[str]:
+    return ["".join(segment.text for segment in grid.render_line(y)) for y in range(len(grid.rows) + 1)]
+
+
+@pytest.mark.parametrize("width", [80, 160])
+async def test_rank_grid_text_and_highlights(width: int) -> None:
+    app = fixed_app([record(7, ROWS)])
+    async with app.run_test(size=(width, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        app.refresh_now()
+        await pilot.pause()
+        grid = app.query_one(RankGrid)
+        lines = grid_lines(grid)
+        columns = Columns.fit(grid.scrollable_content_region.width)
+        assert lines[0].split()[:5] == ["rank", "want", "dec", "pre", "batch"]
+        assert lines[1].split()[:6] == ["0", "●", "●", "▶", "12", "2060"] if not columns.wide else \
+            lines[1].split()[:7] == ["0", "●", "●", "▶", "12", "0", "2060"]
+        blocks = "blocks ALL" if columns.wide else "⊘ALL"
+        assert blocks in lines[2] and "95%" in lines[2]  # rank 1: want=false, decodes=true, above 0.9
+        assert ("blocks ALL >0.9" if columns.wide else "⊘ALL!") in lines[2]
+        assert blocks not in lines[3]  # rank 2 has no decode work: it never blocks ALL (P5)
+        assert blocks not in lines[1] and blocks not in lines[4]
+        # the watermark cell sits at 0.9 of the bar on every line
+        for line in lines[1:]:
+            bar_start = line.index("┃") - int(0.9 * columns.bar)
+            assert line[bar_start - 1] == " "
+        # rank 1 stands out: its rank cell takes the blocking style, its occupancy the hot one
+        strip = grid.render_line(2)
+        blocking = grid.get_component_rich_style("rank-grid--blocks")
+        assert any(seg.text.strip() == "1" and seg.style.bgcolor == blocking.bgcolor for seg in strip)
+        hot = grid.get_component_rich_style("rank-grid--hot")
+        assert any("95%" in seg.text and seg.style.color == hot.color for seg in strip)
+
+
+async def test_blocking_ranks_stand_out_only_while_someone_wants_prefill() -> None:
+    """With no rank wanting prefill a shut ALL point holds nothing back: the flag stays, muted."""
+    quiet = [row(r, want_prefill=False, has_decode_work=True, batch_size=4, occupancy=0.5) for r in range(4)]
+    app = fixed_app([record(3, quiet)])
+    async with app.run_test(size=(80, 20)) as pilot:
+        await app.workers.wait_for_complete()
+        app.refresh_now()
+        await pilot.pause()
+        grid = app.query_one(RankGrid)
+        assert all("⊘ALL" in line for line in grid_lines(grid)[1:])
+        blocking = grid.get_component_rich_style("rank-grid--blocks")
+        moot = grid.get_component_rich_style("rank-grid--blocks-moot")
+        strip = list(grid.render_line(1))
+        assert not any(seg.style.bgcolor == blocking.bgcolor for seg in strip if seg.text.strip())
+        assert any(seg.text == "⊘ALL" and seg.style.color == moot.color for seg in strip)
+
+
+async def test_header_timeline_and_panel_text() -> None:
+    records = [record(i, ROWS, point=pb.GATE_POINT_ALL if i % 4 == 0 else pb.GATE_POINT_NONE,
+                      opened=i == 8, counter=i % 12) for i in range(20)]
+    records.append(record(25, ROWS, point=pb.GATE_POINT_ANY, opened=True, dropped_before=4))
+    app = fixed_app(records)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await app.workers.wait_for_complete()
+        app.refresh_now()
+        await pilot.pause()
+        header = app.query_one(StatusHeader).compose_text(app.state).plain.splitlines()
+        assert header[0].startswith("▶ replay │ round 25 │ 100 rounds/s │ 4 ranks │ run run-a │ fixed.pgrec")
+        assert header[1] == "gate ON · ALL A=4 · ANY K=12 · epoch 2 │ dropped 5 │ following the newest"
+
+        timeline = app.query_one(Timeline)
+        text = ["".join(seg.text for seg in timeline.render_line(y)) for y in range(4)]
+        assert "rounds 0-25" in text[0]
+        points = text[1].rstrip()
+        assert points.endswith("□···■···□···□···" + GAP)  # round 8 opened ALL; 25 after a gap
+        assert text[1].lstrip().startswith("points")
+
+        await pilot.press("left")
+        header = app.query_one(StatusHeader).compose_text(app.state).plain.splitlines()
+        assert "⏸ PAUSED at round 19 (1 behind)" in header[1]
+
+        side = app.query_one("#side", ThroughputPanel)
+        rendered = str(side.render())
+        assert "request figures need a live server" in rendered
+        assert "ALL opened / shut      1 / 4" in rendered
+
+
+# -- the contract ------------------------------------------------------------------------------------
+
+
+def test_every_field_the_console_shows_is_emitted_by_the_control_plane() -> None:
+    """The engine's values go through the control plane's converters into every field the console reads."""
+    import dataclasses
+
+    from console.sample import sample_args, sample_engine_records, sample_workload
+    from console.state import RECORD_FIELDS_READ, ROW_FIELDS_READ, STATS_FIELDS_READ
+    from control.convert import rank_row, round_record
+    from control.services import run_stats
+    from engine.gate import GatePoint
+    from engine.rows import Row
+    from engine.simrun import run_sim
+
+    def engine_row(rank: int, want: bool, used: int) -> Row:
+        values = {}
+        for index, field in enumerate(dataclasses.fields(Row)):
+            default = getattr(Row(), field.name)
+            values[field.name] = True if isinstance(default, bool) else 3 + index
+        values.update(rank=rank, want_prefill=want, has_decode_work=True, pool_pages_used=used, pool_pages_usable=20)
+        return Row(**values)
+
+    rows = (engine_row(1, True, 10), engine_row(2, False, 19))  # the second blocks ALL above the watermark
+    for name in ROW_FIELDS_READ:
+        assert any(getattr(rank_row(r), name) for r in rows), f"RankRow.{name} is never set"
+
+    source = sample_engine_records(2, 5)[-1]
+    engine_record = dataclasses.replace(
+        source, round=9, counter=12, point=GatePoint.ANY, open=True, adopted_epoch=3, rows=rows
+    )
+    message = round_record(engine_record, "run-x")
+    for name in RECORD_FIELDS_READ:
+        value = getattr(message, name)
+        assert (len(value) if name == "ranks" else message.HasField(name) if name == "config" else value), name
+
+    summary, _ = run_sim(sample_args(2), sample_workload(2), rounds=400)
+    stats = run_stats(summary, 0)
+    for name in STATS_FIELDS_READ:
+        assert getattr(stats, name), f"RunStats.{name} is zero after a busy run"
