@@ -14,6 +14,7 @@ from control.calibrate_cli import add_calibrate_parser, calibrate_main
 from control.ctl import add_ctl_parser, ctl_main
 from control.grpc_server import add_server_args, attach_grpc, check_server_args
 from control.serve import Attachment, add_run_args, serve_main
+from control.telemetry_cli import add_telemetry_args, attach_telemetry
 from engine.config import ServerArgs
 
 
@@ -33,6 +34,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     ServerArgs.add_cli_args(serve)
     add_run_args(serve)
     add_server_args(serve)
+    add_telemetry_args(serve)
     return parser, {
         "serve": serve,
         "ctl": add_ctl_parser(sub),
@@ -43,7 +45,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 def attachments() -> list[Attachment]:
     """Servers that attach to `serve` (the control plane, metrics), in start order."""
-    return [attach_grpc]
+    return [attach_grpc, attach_telemetry]
 
 
 def main(argv: list[str] | None = None) -> int:

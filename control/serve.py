@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
 from control.backends import Backend, ProcessBackend, SimBackend
 from control.controller import Controller
+from control.telemetry_cli import rank_observer_spec
 from engine.config import ServerArgs
 from engine.metrics import Summary
 from engine.procs import RankFailure
@@ -104,13 +106,17 @@ def build_workload(ns: argparse.Namespace, args: ServerArgs) -> Workload | None:
     )
 
 
-def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace) -> Backend:
+def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str) -> Backend:
     """Rank processes for the torch executor, the lockstep simulator for `--executor sim`."""
+    spec = rank_observer_spec(ns, run_id, args.dp_size)  # None: tracing off, no observer at all
+    observer, observer_kwargs = spec if spec is not None else (None, None)
     if args.executor == "sim" and not ns.processes:
-        return SimBackend(args, workload, pace=ns.pace, max_rounds=ns.rounds)
+        return SimBackend(
+            args, workload, pace=ns.pace, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs
+        )
     if ns.pace is not None:
         raise ValueError("--pace applies to the in-process simulator only (--executor sim without --processes)")
-    return ProcessBackend(args, workload, max_rounds=ns.rounds)
+    return ProcessBackend(args, workload, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs)
 
 
 def format_summary(summary: Summary, simulated: bool) -> str:
@@ -199,15 +205,16 @@ async def _progress(controller: Controller, out: TextIO) -> None:
 
 def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachments: list[Attachment]) -> int:
     """Entry of `prefill-gate serve` after parsing."""
+    run_id = uuid.uuid4().hex[:12]  # the ranks derive every round's trace id from it
     try:
         args = ServerArgs.from_cli_args(ns)
         workload = build_workload(ns, args)
-        backend = build_backend(args, workload, ns)
+        backend = build_backend(args, workload, ns, run_id)
     except (ValueError, OSError) as exc:
         # The whole usage of ~50 flags would bury the one line that matters.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    controller = Controller(args, backend, duration=ns.duration, stop_when_idle=not ns.keep_serving)
+    controller = Controller(args, backend, run_id=run_id, duration=ns.duration, stop_when_idle=not ns.keep_serving)
     try:
         return asyncio.run(run_serve(controller, ns, attachments))
     except (OSError, ValueError) as exc:

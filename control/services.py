@@ -32,6 +32,7 @@ from control.controller import (
 )
 from control.convert import gate_config
 from control.hub import MAX_QUEUE, OutOfHistory, Subscriber
+from control.telemetry_cli import trace_spans_dropped
 from engine.metrics import Summary
 from engine.request import Finished, FirstToken, Refused, RequestError, RequestEvent, Tokens
 from prefill_gate.v1 import (
@@ -88,7 +89,7 @@ def config_message(view: ConfigView) -> pb.GateConfig:
     )
 
 
-def run_stats(summary: Summary, records_dropped: int) -> pb.RunStats:
+def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) -> pb.RunStats:
     """RunStats from the controller's summary; figures without a sample yet are 0."""
     elapsed = summary.elapsed_s
     return pb.RunStats(
@@ -112,6 +113,7 @@ def run_stats(summary: Summary, records_dropped: int) -> pb.RunStats:
         output_tokens=summary.output_tokens,
         retractions=summary.retractions,
         records_dropped=records_dropped,
+        trace_spans_dropped=spans_dropped,
         elapsed_seconds=elapsed,
     )
 
@@ -182,7 +184,7 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
             state=controller.state,
             latest=hub.latest(),
             config=config_message(controller.config),
-            stats=run_stats(controller.summary(), controller.records_dropped()),
+            stats=run_stats(controller.summary(), controller.records_dropped(), trace_spans_dropped(controller)),
             history_first_round=hub.first_round or 0,
             history_last_round=hub.last_round or 0,
         )

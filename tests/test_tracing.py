@@ -1,0 +1,422 @@
+"""Tracing: deterministic round context, sampling rules, export to a real OTLP/gRPC receiver, bad collectors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import io
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from control.backends import ProcessBackend, SimBackend
+from control.controller import Controller
+from control.serve import run_serve
+from control.telemetry_cli import (
+    ENDPOINT_ENV,
+    RANK_OBSERVER,
+    add_telemetry_args,
+    attach_telemetry,
+    rank_observer_spec,
+    telemetry_settings,
+    trace_spans_dropped,
+)
+from control.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
+from control.tracing import (
+    RoundSampler,
+    SampleReason,
+    forget_run,
+    hot_ranks,
+    make_span,
+    new_span_id,
+    rank_resource,
+    rank_span_id,
+    round_root_span_id,
+    round_trace_id,
+    sample_reason,
+    span_context,
+)
+from engine.rows import Row
+from engine.workload import ClosedLoop, Fixed, Workload
+from tests.helpers import sim_args
+
+# -- a real OTLP/gRPC receiver ----------------------------------------------------------------------
+
+
+class _Traces(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, receiver: OtlpReceiver) -> None:
+        self.receiver = receiver
+
+    def Export(self, request: Any, context: Any) -> Any:
+        mode = self.receiver.mode
+        if mode == "unavailable":
+            self.receiver.refused += 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, "collector overloaded")
+        if mode == "sleep":
+            self.receiver.slept += 1
+            time.sleep(3.0)  # longer than the exporters' timeout
+        self.receiver.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: OtlpReceiver) -> None:
+        self.receiver = receiver
+
+    def Export(self, request: Any, context: Any) -> Any:
+        self.receiver.metric_requests.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+@dataclass
+class OtlpReceiver:
+    """opentelemetry-proto's TraceService (and MetricsService) in a grpc server on port 0, keeping every request.
+
+    `mode`: "ok" accepts, "unavailable" answers UNAVAILABLE, "sleep" holds each call past the timeout.
+    """
+
+    mode: str = "ok"
+    requests: list[Any] = field(default_factory=list)
+    metric_requests: list[Any] = field(default_factory=list)
+    refused: int = 0
+    slept: int = 0
+    port: int = 0
+    server: Any = None
+
+    def start(self) -> OtlpReceiver:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Traces(self), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(self), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def spans(self) -> list[tuple[dict[str, Any], Any]]:
+        """(resource attributes, span) of everything received."""
+        out = []
+        for request in list(self.requests):
+            for resource_spans in request.resource_spans:
+                resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    out += [(resource, span) for span in scope_spans.spans]
+        return out
+
+
+def _value(any_value: Any) -> Any:
+    return getattr(any_value, any_value.WhichOneof("value"))
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+@pytest.fixture
+def receiver():
+    rec = OtlpReceiver().start()
+    yield rec
+    rec.server.stop(0)
+
+
+def telemetry_ns(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_telemetry_args(parser)
+    ns = parser.parse_args(list(argv))
+    ns.rounds = None
+    return ns
+
+
+def gate_args(**overrides: Any):
+    values: dict[str, Any] = {"dp_size": 3, "prefill_attempt_interval": 2, "prefill_any_attempt_interval": 6}
+    values.update(overrides)
+    return sim_args(**values)
+
+
+# -- pure parts -------------------------------------------------------------------------------------
+
+
+def test_round_context_is_derived_alike_everywhere_and_differs_by_run_and_round():
+    # Same (run, round) -> same ids on any rank or process; another run or round -> other ids.
+    assert round_trace_id("run-a", 7) == round_trace_id("run-a", 7)
+    assert round_trace_id("run-a", 7) != round_trace_id("run-b", 7) != round_trace_id("run-a", 8)
+    assert round_root_span_id("run-a", 7) not in {rank_span_id("run-a", 7, r) for r in range(8)}
+    assert len({rank_span_id("run-a", 7, r) for r in range(8)}) == 8
+    assert 0 < round_trace_id("run-a", 0) < 2**128 and 0 < round_root_span_id("run-a", 0) < 2**64
+
+
+def test_sampling_is_one_decision_for_every_rank_and_the_controller():
+    # Ratio sampling is a function of the trace id: independent samplers agree on every round, at ~the rate.
+    rows = (Row(rank=0, batch_size=1), Row(rank=1, batch_size=1))
+    samplers = [RoundSampler("run-x", 0.1) for _ in range(4)]
+    picked = [[s.decide(r, rows, None) is not None for r in range(4000)] for s in samplers]
+    assert picked[0] == picked[1] == picked[2] == picked[3]
+    assert 300 < sum(picked[0]) < 500
+
+
+def test_rounds_that_matter_are_always_traced():
+    # Open vote, config change, watermark crossing: traced even at rate 0; nothing else is.
+    never = RoundSampler("run-y", 0.0).ratio
+    calm = (Row(rank=0, pool_pages_used=10, pool_pages_usable=100), Row(rank=1, pool_pages_usable=100))
+    opened = (Row(rank=0, decision_point=1, decision_open=True), Row(rank=1, decision_point=1, decision_open=True))
+    hot = (Row(rank=0, pool_pages_used=95, pool_pages_usable=100), Row(rank=1, pool_pages_usable=100))
+
+    def reason(rows, previous, adopted=None):
+        return sample_reason(1, rows, hot_ranks(rows), previous and hot_ranks(previous), adopted, never)
+
+    assert reason(calm, ()) is None
+    assert reason(opened, calm) is SampleReason.OPEN
+    assert reason(calm, calm, 3) is SampleReason.CONFIG
+    assert reason(hot, calm) is SampleReason.WATERMARK
+    assert reason(hot, hot) is None  # still above: not a crossing
+    assert reason(hot, ()) is SampleReason.WATERMARK  # the first round: nothing was above before
+    assert sample_reason(1, hot, hot_ranks(hot), None, None, never) is SampleReason.WATERMARK  # unknown: keep root
+    gate_off = (Row(rank=0, decision_point=0, decision_open=True),)  # R8: always open, but no window
+    assert reason(gate_off, ()) is None
+
+
+def test_sampler_watermark_rule_uses_the_previous_round():
+    # The sampler remembers the previous round's hot ranks, and asked twice for a round answers alike.
+    sampler = RoundSampler("run-z", 0.0)
+    calm = (Row(rank=0, pool_pages_used=10, pool_pages_usable=100),)
+    hot = (Row(rank=0, pool_pages_used=95, pool_pages_usable=100),)
+    assert sampler.decide(0, calm, None) is None
+    context = sampler.decide(1, hot, None)
+    assert context is not None and context.reason is SampleReason.WATERMARK
+    assert sampler.decide(1, hot, None) is context
+    assert sampler.decide(2, hot, None) is None
+    assert sampler.decide(5, hot, None) is not None  # rounds 3-4 unseen: previous unknown
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "",
+        "localhost:notaport",
+        "localhost:70000",
+        "ftp://collector:4317",
+        "http://collector:4317/v1/traces",
+        "http://user:pw@collector:4317",
+        "http://:4317",
+        "bad host:4317",
+        "localhost:0",
+    ],
+)
+def test_malformed_endpoint_is_refused_with_a_clear_message(endpoint: str):
+    # Bad input: the message names the flag, the value and the expected form, before any rank starts.
+    with pytest.raises(ValueError, match=r"--otlp-endpoint .* is not an OTLP/gRPC endpoint .*host:port"):
+        rank_observer_spec(telemetry_ns("--otlp-endpoint", endpoint), "run", 3)
+
+
+def test_endpoint_forms_env_fallback_and_other_flags(monkeypatch):
+    # host:port, http and https URLs; the env var when the flag is absent (else tracing off); rate and port bounds.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    assert parse_otlp_endpoint("collector:4317").target == "collector:4317"
+    assert parse_otlp_endpoint("http://127.0.0.1").target == "127.0.0.1:4317"
+    assert parse_otlp_endpoint("https://[::1]:4317") == parse_otlp_endpoint("https://[::1]:4317")
+    assert not parse_otlp_endpoint("https://[::1]:4317").insecure
+    assert telemetry_settings(telemetry_ns(), {}).endpoint is None
+    assert rank_observer_spec(telemetry_ns(), "run", 3) is None
+    from_env = telemetry_settings(telemetry_ns(), {ENDPOINT_ENV: "http://jaeger:4317"})
+    assert from_env.endpoint is not None and from_env.endpoint.target == "jaeger:4317"
+    with pytest.raises(ValueError, match=ENDPOINT_ENV):
+        telemetry_settings(telemetry_ns(), {ENDPOINT_ENV: "jaeger:port"})
+    with pytest.raises(ValueError, match="--trace-sample-rate"):
+        telemetry_settings(telemetry_ns("--trace-sample-rate", "1.5"), {})
+    with pytest.raises(ValueError, match="--metrics-port"):
+        telemetry_settings(telemetry_ns("--metrics-port", "70000"), {})
+    spec = rank_observer_spec(telemetry_ns("--otlp-endpoint", "localhost:4317"), "run-1", 3)
+    assert spec is not None and spec[0] == RANK_OBSERVER and spec[1]["run_id"] == "run-1"
+
+
+def test_unreachable_collector_loses_spans_countably_and_offers_never_wait():
+    # Bad input: nothing listens at the endpoint. Offering is immediate, a full queue refuses whole
+    # offers, a failed export counts its spans, and flush and close are bounded.
+    from engine.procs import free_port
+
+    endpoint = parse_otlp_endpoint(f"127.0.0.1:{free_port()}")
+    shipper = build_shipper(endpoint, ShipperConfig(max_queue_spans=8, batch_spans=4, export_timeout_s=0.3))
+    counter = DropCounter()
+    resource = rank_resource("run-u", 0, 1)
+    spans = [make_span("plan", span_context(7, new_span_id()), None, resource, 1, 2, {}) for _ in range(4)]
+    started = time.perf_counter()
+    for _ in range(3):
+        shipper.offer(spans, counter)
+    assert time.perf_counter() - started < 0.05
+    shipper.flush(3.0)
+    assert counter.total == 12 and counter.refused % 4 == 0 and counter.failed >= 4  # whole offers refused
+    started = time.perf_counter()
+    shipper.close(1.0)
+    assert time.perf_counter() - started < 2.0
+    assert not shipper.offer(spans, counter) and counter.refused >= 4  # closed: refused, counted
+
+
+# -- three rank processes against a real receiver ---------------------------------------------------
+
+
+def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpReceiver, monkeypatch):
+    # Every round the sampling rules pick arrives as one trace: the controller's root and all 3 ranks'
+    # gate.round spans with plan/all-gather/forward under each, every parent present; request spans
+    # carry the gate wait and TTFT and link to their rank's round spans.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "0.2")
+    run_id = "trace-e2e"
+    args = gate_args()
+    observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
+    workload = Workload(ClosedLoop(6), dp_size=3, prompt=Fixed(200), output=Fixed(20), limit=18, seed=3)
+    backend = ProcessBackend(args, workload, max_rounds=3000, observer=observer, observer_kwargs=kwargs)
+    controller = Controller(args, backend, run_id=run_id)
+    records = []
+    controller.listeners.append(records.append)
+    ns.no_progress = True
+    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0  # serve's path
+
+    sampler = RoundSampler(run_id, 0.2)  # a fresh, independent sampler of the same run
+    forget_run(run_id)
+    expected = {rec.round: sampler.decide(rec.round, rec.rows, rec.adopted_epoch) for rec in records}
+    expected = {r: ctx for r, ctx in expected.items() if ctx is not None}
+    assert records and len(records) == records[-1].round + 1  # no record lost: the expectation is exact
+    reasons = {ctx.reason for ctx in expected.values()}
+    assert SampleReason.OPEN in reasons and SampleReason.RATIO in reasons
+
+    spans = receiver.spans()
+    traces: dict[bytes, list[tuple[dict[str, Any], Any]]] = collections.defaultdict(list)
+    for resource, span in spans:
+        if span.name != "request":
+            traces[span.trace_id].append((resource, span))
+    assert len(traces) == len(expected)
+    for round_, ctx in expected.items():
+        trace = traces[ctx.trace_id.to_bytes(16, "big")]
+        by_id = {span.span_id: span for _, span in trace}
+        assert all(span.parent_span_id in by_id for _, span in trace if span.parent_span_id)  # no missing parent
+        roots = [span for _, span in trace if span.name == "round"]
+        assert len(roots) == 1 and not roots[0].parent_span_id
+        assert roots[0].span_id == ctx.root_span_id.to_bytes(8, "big")
+        assert _attrs(roots[0])["gate.round"] == round_ and _attrs(roots[0])["gate.sample_reason"] == ctx.reason
+        ranks = {res["rank"]: span for res, span in trace if span.name == "gate.round"}
+        assert sorted(ranks) == [0, 1, 2]
+        for rank, span in ranks.items():
+            assert span.parent_span_id == roots[0].span_id
+            assert span.span_id == rank_span_id(run_id, round_, rank).to_bytes(8, "big")
+            attrs = _attrs(span)
+            assert attrs["gate.round"] == round_ and attrs["gate.rank"] == rank
+            assert {
+                "gate.point",
+                "gate.open",
+                "gate.counter",
+                "gate.want_prefill",
+                "gate.has_decode_work",
+                "gate.occupancy",
+                "gate.config_epoch",
+            } <= set(attrs)
+            children = sorted(s.name for _, s in trace if s.parent_span_id == span.span_id)
+            assert children == ["all-gather", "forward", "plan"]
+    resources = [res for res, span in spans if span.name == "gate.round"]
+    assert {res["service.instance.id"] for res in resources} == {f"{run_id}/rank{r}" for r in range(3)}
+    assert {res["service.name"] for res in resources} == {"prefill-gate"}
+
+    rank_spans = {(s.trace_id, s.span_id): res["rank"] for res, s in spans if s.name == "gate.round"}
+    requests = [span for _, span in spans if span.name == "request"]
+    assert len(requests) == 18
+    linked = 0
+    for span in requests:
+        attrs = _attrs(span)
+        assert attrs["gate.wait_rounds"] >= 0 and attrs["gate.wait_seconds"] >= 0 and attrs["request.ttft_seconds"] > 0
+        names = [e.name for e in span.events]
+        assert {"admitted", "prefill_chunk", "first_token"} <= set(names) and names[-1] == "first_token"
+        for link in span.links:
+            assert rank_spans[(link.trace_id, link.span_id)] == attrs["gate.rank"]  # resolves to its rank's span
+            linked += 1
+    assert linked >= len(requests)
+    assert trace_spans_dropped(controller) == 0
+
+
+async def _measure(
+    controller: Controller, ns: argparse.Namespace | None, steps: list[tuple[str, float]], receiver: OtlpReceiver | None
+) -> list[tuple[float, int]]:
+    """Run the controller; for each (mode, seconds) step, the round rate and the drops counted after it."""
+    controller.start()
+    stop = await attach_telemetry(controller, ns) if ns is not None else None
+    runner = asyncio.create_task(controller.run())
+    out = []
+    try:
+        while controller.latest is None or controller.latest.round < 50:  # warm up
+            await asyncio.sleep(0.05)
+        for mode, seconds in steps:
+            if receiver is not None:
+                receiver.mode = mode
+            start = controller.latest.round
+            await asyncio.sleep(seconds)
+            out.append(((controller.latest.round - start) / seconds, trace_spans_dropped(controller)))
+        controller.request_stop()
+        await runner
+    finally:
+        if stop is not None:
+            await stop()
+    return out
+
+
+def test_failing_collectors_do_not_slow_rounds_and_drops_are_counted(receiver: OtlpReceiver, monkeypatch):
+    # Bad input: a collector answering UNAVAILABLE, then one that sleeps past the timeout, leave the round
+    # rate of 2 rank processes (every round traced) near the rate with tracing off; lost spans are counted.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    args = gate_args(dp_size=2, max_num_seqs=32)
+
+    def workload() -> Workload:
+        return Workload(ClosedLoop(6), dp_size=2, prompt=Fixed(100), output=Fixed(40), seed=5)
+
+    off = Controller(args, ProcessBackend(args, workload()), stop_when_idle=False)
+    [(rate_off, _)] = asyncio.run(_measure(off, None, [("ok", 1.0)], None))
+
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0")
+    run_id = "trace-bad-collector"
+    observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
+    kwargs.update(queue_spans=512, export_timeout_s=0.3, flush_timeout_s=0.5)
+    backend = ProcessBackend(args, workload(), observer=observer, observer_kwargs=kwargs)
+    traced = Controller(args, backend, run_id=run_id, stop_when_idle=False)
+    steps = [("unavailable", 1.0), ("sleep", 1.0)]
+    (rate_unavailable, dropped_1), (rate_sleep, dropped_2) = asyncio.run(_measure(traced, ns, steps, receiver))
+
+    figures = {"off": rate_off, "unavailable": rate_unavailable, "sleep": rate_sleep, "drops": (dropped_1, dropped_2)}
+    assert rate_off > 50, figures
+    # Generous for a shared 2-core machine; a round that waited on the collector would drop the rate to a
+    # few rounds a second (each failing export takes the 0.3 s timeout).
+    assert rate_unavailable > rate_off / 3 and rate_sleep > rate_off / 3, figures
+    assert receiver.refused > 0 and receiver.slept > 0, (receiver.refused, receiver.slept)
+    assert 0 < dropped_1 < dropped_2, figures  # every lost span is counted, and the count only grows
+
+
+def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceiver, monkeypatch):
+    # The simulator steps all ranks in one process (shared sampler and shipper, the controller reusing the
+    # ranks' decisions): every traced round still holds the root and each rank's tree, with the lockstep
+    # all-gather marked as such.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "0.1", "--no-otlp-metrics")
+    ns.no_progress = True
+    run_id = "trace-lockstep"
+    args = gate_args()
+    observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
+    workload = Workload(ClosedLoop(6), dp_size=3, prompt=Fixed(200), output=Fixed(20), limit=24, seed=4)
+    controller = Controller(args, SimBackend(args, workload, observer=observer, observer_kwargs=kwargs), run_id=run_id)
+    records = []
+    controller.listeners.append(records.append)
+    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
+
+    sampler = RoundSampler(run_id, 0.1)  # a fresh, independent sampler: it must pick the same rounds
+    forget_run(run_id)
+    expected = {rec.round for rec in records if sampler.decide(rec.round, rec.rows, rec.adopted_epoch)}
+    spans = [(res, span) for res, span in receiver.spans() if span.name != "request"]
+    roots = {_attrs(span)["gate.round"] for _, span in spans if span.name == "round"}
+    assert roots == expected and len(spans) == 13 * len(expected)
+    gathers = [_attrs(span) for _, span in spans if span.name == "all-gather"]
+    assert gathers and all(attrs == {"gate.lockstep": True} for attrs in gathers)
+    assert len([span for res, span in receiver.spans() if span.name == "request"]) == 24
