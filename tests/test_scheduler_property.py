@@ -72,12 +72,17 @@ def test_random_traffic_drains_completely(actions, lengths, mixed, kv_pages):
             rank.s.pause_for_weight_update()
         rank.step(PlanOptions(allow_prefill=allow, allow_chunk_continuation=chunks or None))
         check_accounting(rank)
-    for _ in range(5000):  # drain with the gate open
-        if not rank.s.live:
-            break
+    idle = 0
+    while rank.s.live and idle < 300:  # drain with the gate open, until nothing moves for 300 rounds
+        before = (rank.s.live, rank.s.pool.used, rank.s._decode_step, rank.s._pending_tokens)
         rank.step(PlanOptions(allow_prefill=True))
         check_accounting(rank)
-    assert rank.s.live == 0
+        idle = idle + 1 if (rank.s.live, rank.s.pool.used, rank.s._decode_step, rank.s._pending_tokens) == before else 0
+    stuck = [
+        (r.rid, r.state.value, len(r.pages), r.computed, r.prompt_len, r.prefix, r.output_len)
+        for r in rank.s._live.values()
+    ]
+    assert rank.s.live == 0, (stuck, rank.s.pool.free, rank.s.running)
     assert rank.s.pool.used == 0
     ended = [e for e in rank.events if isinstance(e, Finished)]
     assert {e.rid for e in ended} == submitted  # finished or aborted, each exactly once

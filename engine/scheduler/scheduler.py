@@ -14,7 +14,8 @@ Choices where SEMANTICS.md is silent (also in docs/scheduler.md):
   If none does, nothing is retracted.
 - Readmission restores run on every plan, gate or not (S2), oldest retraction first, at most
   `max_readmissions_per_round`, only into a free batch slot and only while the pool stays at or under
-  the watermark after the restore (so a restore never immediately forces another retraction).
+  the watermark after the restore (so a restore never immediately forces another retraction) - unless
+  nothing else runs on the rank, where a large image must come back whatever its size.
 - Every decoding request decodes in every decode round, so decode progress is kept as one decode step
   counter plus per-request events (next page, finish) in heaps: a decode round costs O(events), not
   O(requests). Inter-token latency is kept the same way, per cohort of equal previous-token time.
@@ -263,8 +264,8 @@ class Scheduler:
             count = pages_for(req.host_tokens, self.page_size)
             if self.running >= self.max_batch_size or count > self.pool.free:
                 break
-            if (self.pool.used + count) / self.pool.usable > K_PREFILL_WATERMARK:
-                break
+            if self.running and (self.pool.used + count) / self.pool.usable > K_PREFILL_WATERMARK:
+                break  # on an otherwise empty rank a large image must still come back, or it waits forever
             self._retracted.popleft()
             req.pages = self.pool.allocate(count)
             req.move(S.RESTORING)
