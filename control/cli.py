@@ -16,6 +16,7 @@ from control.grpc_server import add_server_args, attach_grpc, check_server_args
 from control.serve import Attachment, add_run_args, serve_main
 from control.telemetry_cli import add_telemetry_args, attach_telemetry
 from engine.config import ServerArgs
+from engine.lab.cli import add_lab_parser, lab_main
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -39,6 +40,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "serve": serve,
         "ctl": add_ctl_parser(sub),
         "console": add_console_parser(sub),
+        "lab": add_lab_parser(sub),
         "calibrate": add_calibrate_parser(sub),
     }
 
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return ctl_main(ns)
     if ns.command == "console":
         return console_main(ns)
+    if ns.command == "lab":
+        return lab_main(ns)
     if ns.command == "calibrate":
         return calibrate_main(ns)
     parser.error(f"unknown command {ns.command}")

@@ -146,6 +146,14 @@ def _long_chunked_offset(seed: int) -> Workload:
     return Workload(loop, dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(1), seed=seed)
 
 
+def _long_chunked_decode(seed: int) -> Workload:
+    """long-chunked-offset with OSL 256: finished prompts decode beside the next chunks, so a rank with
+    decode work is where a policy can hold chunks and let ranks drift out of phase."""
+    shorter = LONG_ISL - LONG_BUDGET
+    loop = ClosedLoop(16, first_prompt_lens={1: shorter, 1 + DP_SIZE: shorter})
+    return Workload(loop, dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(256), seed=seed)
+
+
 def _long_osl(seed: int) -> Workload:
     """Closed loop of 768 clients (96 per rank, slots left free), ISL ~800, OSL ~3600, first requests
     ramped over 60 s so finishes, and so prompts, spread out."""
@@ -219,6 +227,14 @@ _DEFS: dict[str, _Def] = {
         1000.0,
         {"chunked_prefill_size": LONG_BUDGET},
         _long_chunked_offset,
+    ),
+    "long-chunked-decode": _Def(
+        "long-chunked-offset with OSL 256: chunks of the next prompts run beside decoding requests",
+        "whether holding chunks on decoding ranks leaves ranks out of phase (the feedback loop with decode)",
+        "sglang#35241",
+        1000.0,
+        {"chunked_prefill_size": LONG_BUDGET},
+        _long_chunked_decode,
     ),
     "long-osl": _Def(
         "ISL ~800, OSL ~3600, concurrency 768",

@@ -29,7 +29,7 @@ def run(name: str, scale: float, ungated: bool = False, seed: int = 0, on_round=
 
 def test_the_eight_scenarios_of_peers_and_the_out_of_phase_variant_exist():
     assert LAB_SCENARIOS == PEERS_NAMES
-    assert set(scenario_names()) == {*PEERS_NAMES, "long-chunked-offset"}
+    assert set(scenario_names()) == {*PEERS_NAMES, "long-chunked-offset", "long-chunked-decode"}
 
 
 def test_unknown_scenario_is_a_value_error_listing_the_names():
