@@ -26,6 +26,7 @@ The oracle bound of a cell (PEERS.md item 8, `engine.policies.oracle`):
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -234,7 +235,10 @@ def run_cells(specs: Sequence[CellSpec], jobs: int = 1) -> list[Cell]:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     if jobs == 1 or len(specs) <= 1:
         return [run_cell(spec) for spec in specs]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(specs))) as pool:
+    # spawn, not fork: a forked worker inherits locks held by the parent's other threads (gRPC, OTel
+    # exporters in a long-lived process) and can wait on them forever.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=context) as pool:
         # map() yields in submission order: the report never depends on which worker finished first.
         return list(pool.map(run_cell, specs, chunksize=1))
 
