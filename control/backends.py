@@ -9,6 +9,7 @@ controller's loop on wall time for processes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -20,7 +21,7 @@ from engine.config import PrefillDelay, ServerArgs
 from engine.lockstep import LockstepDriver
 from engine.procs import ProcessDriver, RankExited, RankFailed, RankFailure, RankRound, load_object
 from engine.record import RoundRecord
-from engine.request import Abort, Finished, ProposeConfig, Refused, RequestEvent, RequestSpec, Stop, Submit
+from engine.request import Abort, Finished, Refused, RequestEvent, RequestSpec, Submit
 
 
 class Feeder(Protocol):
@@ -34,6 +35,11 @@ class Feeder(Protocol):
     @property
     def done(self) -> bool: ...
 
+    @property
+    def next_arrival(self) -> float:
+        """Time of the next request; math.inf when none is scheduled now."""
+        ...
+
 
 @dataclass
 class Polled:
@@ -43,6 +49,7 @@ class Polled:
     events: list[RequestEvent] = field(default_factory=list)
     itl: list[tuple[float, int]] = field(default_factory=list)
     submitted: list[tuple[int, RequestSpec]] = field(default_factory=list)  # fed from the workload
+    workload_done: bool = False  # the workload will issue nothing more (as of these submissions)
     stopped: bool = False  # every rank left its loop
 
 
@@ -57,6 +64,7 @@ class Backend(Protocol):
     """The engine as the controller drives it."""
 
     dp_size: int
+    origin: float  # engine-clock time at which the run (and its workload) started
 
     def start(self) -> None: ...
     def submit(self, rank: int, spec: RequestSpec) -> None: ...
@@ -67,6 +75,10 @@ class Backend(Protocol):
     def records_dropped(self) -> int: ...
     def now(self) -> float: ...
     def close(self) -> None: ...
+
+
+# An idle paced group waits this long between rounds, as idle rank processes do (`ProcessDriver`).
+IDLE_WAIT_S = 0.002
 
 
 class SimBackend:
@@ -87,6 +99,7 @@ class SimBackend:
         engine_factory: Callable | None = None,
         observer: str | None = None,
         observer_kwargs: dict[str, Any] | None = None,
+        record_queue_size: int = 8192,
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
@@ -104,6 +117,11 @@ class SimBackend:
         self._stop_now = threading.Event()
         self._error: BaseException | None = None
         self._latest: RoundRecord | None = None
+        self.record_queue_size = record_queue_size
+        self._records_lock = threading.Lock()
+        self._records_waiting = 0
+        self._records_dropped = 0
+        self.origin = 0.0  # the virtual clock starts with the run
 
     def start(self) -> None:
         self._thread.start()
@@ -124,7 +142,8 @@ class SimBackend:
         return self.driver.now()
 
     def records_dropped(self) -> int:
-        return 0  # the in-process hand-off is an unbounded queue drained every poll
+        with self._records_lock:
+            return self._records_dropped
 
     def poll(self) -> Polled:
         if self._error is not None:
@@ -134,12 +153,16 @@ class SimBackend:
             try:
                 part = self._out.get_nowait()
             except queue.Empty:
-                return merged
+                break
             merged.records += part.records
             merged.events += part.events
             merged.itl += part.itl
             merged.submitted += part.submitted
             merged.stopped |= part.stopped
+            merged.workload_done = part.workload_done
+        with self._records_lock:
+            self._records_waiting -= len(merged.records)
+        return merged
 
     def close(self) -> None:
         self._stop_now.set()
@@ -151,40 +174,72 @@ class SimBackend:
             started = time.perf_counter()
             rounds = 0
             while not self._stop_now.is_set():
-                while True:
-                    try:
-                        self._commands.get_nowait()()
-                    except queue.Empty:
-                        break
-                polled = Polled()
-                if self.feeder is not None:
-                    for rank, spec in self.feeder.due(self.driver.now(), loads_of(self._latest, self.dp_size)):
-                        self.driver.submit(rank, spec)
-                        polled.submitted.append((rank, spec))
-                outcomes = self.driver.step()
+                self._run_commands()
+                outcomes, submitted = self.driver.step_with(self.feeder, loads_of(self._latest, self.dp_size))
                 rounds += 1
+                polled = Polled(submitted=submitted, workload_done=self.feeder is not None and self.feeder.done)
                 for outcome in outcomes:
                     polled.events += outcome.events
                     polled.itl += outcome.itl
                 record = outcomes[0].record
                 if record is not None:
                     self._latest = record
-                    polled.records.append(record)
-                if self.feeder is not None:
-                    for event in polled.events:
-                        if isinstance(event, Finished | Refused):
-                            self.feeder.on_finished(event.rid, self.driver.now())
+                    self._hand_off(record, polled)
                 polled.stopped = outcomes[0].stop or (self.max_rounds is not None and rounds >= self.max_rounds)
                 self._out.put(polled)
                 if polled.stopped:
                     return
-                if self.pace:
-                    ahead = self.driver.now() / self.pace - (time.perf_counter() - started)
-                    if ahead > 0:
-                        time.sleep(ahead)
+                if self.driver.idle(outcomes):
+                    self._idle(started)
+                elif self.pace:
+                    self._keep_pace(started)
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
             self._out.put(Polled(stopped=True))
+
+    def _run_commands(self, wait_s: float = 0.0) -> None:
+        """Apply queued commands between rounds; wait up to `wait_s` for the first."""
+        try:
+            command = self._commands.get(timeout=wait_s) if wait_s > 0 else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        command()
+        while True:
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                return
+
+    def _hand_off(self, record: RoundRecord, polled: Polled) -> None:
+        """Records wait for the controller in a bounded queue; beyond it they are dropped and counted."""
+        with self._records_lock:
+            if self._records_waiting >= self.record_queue_size:
+                self._records_dropped += 1
+                return
+            self._records_waiting += 1
+        polled.records.append(record)
+
+    def _keep_pace(self, started: float) -> None:
+        ahead = self.driver.now() / self.pace - (time.perf_counter() - started)
+        if ahead > 0:
+            time.sleep(ahead)
+
+    def _idle(self, started: float) -> None:
+        """Nothing runs and nothing is held: never spin idle rounds.
+
+        Unpaced, virtual time jumps to the next arrival; with none scheduled the thread waits for a
+        command. Paced, virtual time follows the wall clock (up to the next arrival) while it waits, so a
+        request submitted later arrives at a sensible time.
+        """
+        target = self.feeder.next_arrival if self.feeder is not None else math.inf
+        if not self.pace:
+            if math.isfinite(target):
+                self.driver.skip_to(target)
+            else:
+                self._run_commands(wait_s=0.05)
+            return
+        self.driver.skip_to(min(target, (time.perf_counter() - started) * self.pace))
+        self._run_commands(wait_s=IDLE_WAIT_S)
 
 
 class ProcessBackend:
@@ -212,12 +267,12 @@ class ProcessBackend:
         )
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
-        self._workload_origin = 0.0
+        self.origin = 0.0
 
     def start(self) -> None:
         self.driver.start()
-        # The workload's time starts when the ranks can serve, not when their spawn began.
-        self._workload_origin = self.now()
+        # The run (its workload, its --duration) starts when the ranks can serve, not when their spawn began.
+        self.origin = self.now()
 
     def now(self) -> float:
         if self.args.executor == "sim":
@@ -238,10 +293,10 @@ class ProcessBackend:
         self.driver.send(rank, Abort(rid))
 
     def propose(self, epoch: int, delay: PrefillDelay | None) -> None:
-        self.driver.send(0, ProposeConfig(epoch, delay))
+        self.driver.propose(epoch, delay)
 
     def request_stop(self) -> None:
-        self.driver.send(0, Stop())
+        self.driver.request_stop()
 
     def records_dropped(self) -> int:
         return int(self.driver.records_dropped.value)
@@ -256,12 +311,12 @@ class ProcessBackend:
                 polled.events += message.events
                 polled.itl += message.itl
             elif isinstance(message, RankFailed):
-                raise RankFailure(message.rank, message.error)
+                raise RankFailure(message.rank, message.error, message.detail)
             elif isinstance(message, RankExited):
                 self._exited.add(message.rank)
         self.driver.raise_if_failed()
         if self.feeder is not None:
-            origin = self._workload_origin
+            origin = self.origin
             now = self.now() - origin
             for event in polled.events:
                 if isinstance(event, Finished | Refused):
@@ -270,7 +325,12 @@ class ProcessBackend:
                 spec = dataclasses.replace(spec, arrival=spec.arrival + origin)  # onto the engine's clock
                 self.submit(rank, spec)
                 polled.submitted.append((rank, spec))
+            polled.workload_done = self.feeder.done
         polled.stopped = len(self._exited) == self.dp_size
+        if polled.stopped:
+            # Every rank said goodbye; wait for the processes so that rank 0's last records are flushed.
+            self.driver.join(10)
+            polled.records += self.driver.poll_records()
         return polled
 
     def close(self) -> None:

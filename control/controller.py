@@ -145,6 +145,7 @@ class Controller:
         self._last_record_wall = 0.0
         self._started_wall = time.monotonic()
         self._stop_requested = False
+        self._workload_done = False
         self.draining = asyncio.Event()  # set by request_stop: health flips at once, not at the next poll
         self.stopped = asyncio.Event()
         self.recent_rates: deque[tuple[float, int]] = deque(maxlen=64)
@@ -180,6 +181,7 @@ class Controller:
     def pump(self) -> Polled:
         """Move one poll's worth of engine output to every consumer."""
         polled = self.backend.poll()
+        self._workload_done = polled.workload_done
         for rank, spec in polled.submitted:
             self.metrics.add_submitted(spec)
             self._live[spec.rid] = rank
@@ -200,14 +202,26 @@ class Controller:
         self._last_record_wall = time.monotonic()
         self.metrics.add_record(record)
         self.hub.publish(record)
-        if record.adopted_epoch:
-            self.config = ConfigView(record.adopted_epoch, _delay_of(record.rows[0]), record.policy)
-            for epoch in [e for e in self._waiters if e <= record.adopted_epoch]:
-                waiter = self._waiters.pop(epoch)
-                if not waiter.done():
-                    waiter.set_result(record.round)
+        self._follow_config(record)
         for listener in self.listeners:
             listener(record)
+
+    def _follow_config(self, record: RoundRecord) -> None:
+        """The config in force, from any record (G2), so a dropped adoption record cannot leave a caller
+        of `update_intervals` waiting: the adoption record names its round; otherwise the first record
+        decided under the new epoch shows it was adopted by the round before."""
+        if record.adopted_epoch:
+            epoch, delay, adopted_round = record.adopted_epoch, _delay_of(record.rows[0]), record.round
+        elif record.config_epoch > self.config.epoch:
+            delay = PrefillDelay(record.attempt_interval, record.any_interval) if record.enabled else None
+            epoch, adopted_round = record.config_epoch, record.round - 1
+        else:
+            return
+        self.config = ConfigView(epoch, delay, record.policy)
+        for waiting in [e for e in self._waiters if e <= epoch]:
+            waiter = self._waiters.pop(waiting)
+            if not waiter.done():
+                waiter.set_result(adopted_round)
 
     def _route_events(self, events: list[RequestEvent]) -> None:
         for event in events:
@@ -228,10 +242,11 @@ class Controller:
     def _check_bounds(self) -> None:
         if self._stop_requested:
             return
-        if self.duration is not None and self.backend.now() >= self.duration:
+        if self.duration is not None and self.backend.now() - self.backend.origin >= self.duration:
             self.request_stop()
-        feeder = getattr(self.backend, "feeder", None)
-        if self.stop_when_idle and feeder is not None and feeder.done and not self._live and self.latest:
+        # `workload_done` comes with the submissions it covers, so a request issued but not yet polled
+        # can never look finished.
+        if self.stop_when_idle and self._workload_done and not self._live and self.latest:
             self.request_stop()
 
     def request_stop(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import uuid
@@ -169,7 +170,9 @@ async def run_serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal)
-    await loop.run_in_executor(None, controller.start)
+    # From this (the main) thread: the kernel ties each rank's parent-death signal to the thread that
+    # spawned it, and an executor thread could end before the ranks do.
+    controller.start()
     pids = getattr(controller.backend, "pids", None)
     if pids:
         print(f"started {len(pids)} rank processes: pids {' '.join(map(str, pids))}", file=out, flush=True)
@@ -223,4 +226,6 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
     except RankFailure as exc:
         backend.close()
         print(f"\nerror: {exc}", file=sys.stderr, flush=True)
+        if exc.detail and os.environ.get("PREFILL_GATE_DEBUG"):
+            print(exc.detail, file=sys.stderr, flush=True)  # the rank's traceback, for developers
         return 1

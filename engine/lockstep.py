@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Protocol
 
 from engine.build import build_engine
+from engine.clock import VirtualClock
 from engine.config import PrefillDelay, ServerArgs
 from engine.group import LocalGroup
 from engine.rank import RankEngine, RoundOutcome
-from engine.request import Abort, ProposeConfig, RequestSpec, Stop, Submit, UpdateWeights
+from engine.request import Abort, Finished, ProposeConfig, Refused, RequestSpec, Stop, Submit, UpdateWeights
 
 EngineFactory = Callable[[int, ServerArgs], RankEngine]
+
+
+class Arrivals(Protocol):
+    """What the driver needs of a workload (`engine.workload.Workload` is one)."""
+
+    def due(self, now: float, loads: list[int] | None = None) -> list[tuple[int, RequestSpec]]: ...
+
+    def on_finished(self, rid: str, now: float) -> None: ...
 
 
 class LockstepDriver:
@@ -53,3 +64,37 @@ class LockstepDriver:
     def request_stop(self) -> None:
         """Every rank stops after the round in which rank 0 publishes the stop."""
         self.engines[0].inbox.append(Stop())
+
+    def skip_to(self, target: float) -> float:
+        """Advance every rank's virtual clock to `target` (an idle group waiting for its next arrival);
+        returns the seconds skipped."""
+        now = self.now()
+        if not math.isfinite(target) or target <= now:
+            return 0.0
+        step = target - now
+        for engine in self.engines:
+            clock = engine.clock
+            if not isinstance(clock, VirtualClock):
+                raise TypeError("skipping idle time needs virtual clocks")
+            clock.advance(step)
+        return step
+
+    def step_with(
+        self, arrivals: Arrivals | None, loads: list[int] | None = None
+    ) -> tuple[list[RoundOutcome], list[tuple[int, RequestSpec]]]:
+        """Submit what `arrivals` has due by now, run one round, and tell it which requests ended."""
+        submitted = arrivals.due(self.now(), loads) if arrivals is not None else []
+        for rank, spec in submitted:
+            self.submit(rank, spec)
+        outcomes = self.step()
+        if arrivals is not None:
+            end = self.now()
+            for outcome in outcomes:
+                for event in outcome.events:
+                    if isinstance(event, Finished | Refused):
+                        arrivals.on_finished(event.rid, end)
+        return outcomes, submitted
+
+    def idle(self, outcomes: list[RoundOutcome]) -> bool:
+        """No rank ran anything this round and none holds a request."""
+        return outcomes[0].all_idle and all(engine.scheduler.live == 0 for engine in self.engines)

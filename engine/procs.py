@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import PrefillDelay, ServerArgs
+from engine.lifeline import die_with_parent
 from engine.record import RoundRecord
 from engine.request import Command, ProposeConfig, RequestEvent, Stop
 
@@ -42,6 +43,7 @@ class LaunchSpec:
     # "module:function" called in the rank process as function(engine, **observer_kwargs) -> RoundObserver
     observer: str | None = None
     observer_kwargs: dict[str, Any] = field(default_factory=dict)
+    controller_pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,11 @@ class RankRound:
 
 @dataclass(frozen=True)
 class RankFailed:
-    """The rank's loop raised; `error` is the formatted exception."""
+    """The rank's loop raised: `error` is one line, `detail` the traceback."""
 
     rank: int
     error: str
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ def free_port() -> int:
 def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any, dropped: Any) -> None:
     """Body of one rank process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A controller killed outright (SIGKILL, OOM) must not leave its ranks stepping idle rounds forever.
+    die_with_parent(spec.controller_pid)
     import torch
 
     from engine.build import build_engine
@@ -150,9 +155,12 @@ def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any
                 break
             if outcome.all_idle and not engine.inbox:
                 _wait(inbox, engine.inbox, spec.idle_wait_s)
+        # Rank 0's last records reach the pipe before the goodbye that tells the controller to stop reading.
+        records.close()
+        records.join_thread()
         events.put(RankExited(rank, rounds, group.gathers, dict(engine.timer.totals)))
     except BaseException as exc:  # report anything, including a collective timeout, then exit non-zero
-        events.put(RankFailed(rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        events.put(RankFailed(rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=6)))
         events.close()
         events.join_thread()
         os._exit(1)
@@ -198,11 +206,12 @@ def _wait(source: Any, target: Any, seconds: float) -> None:
 
 
 class RankFailure(RuntimeError):
-    """A rank process failed or died; names the rank."""
+    """A rank process failed or died; the message is one line naming the rank, `detail` the traceback."""
 
-    def __init__(self, rank: int, detail: str) -> None:
-        super().__init__(f"rank {rank} failed: {detail}")
+    def __init__(self, rank: int, error: str, detail: str = "") -> None:
+        super().__init__(f"rank {rank} failed: {error}")
         self.rank = rank
+        self.detail = detail
 
 
 class ProcessDriver:
@@ -243,6 +252,7 @@ class ProcessDriver:
             clock_origin=self.clock_origin,
             observer=observer,
             observer_kwargs=observer_kwargs or {},
+            controller_pid=os.getpid(),
         )
         self.inboxes = [self._ctx.Queue() for _ in range(args.dp_size)]
         self.events = self._ctx.Queue()
@@ -274,7 +284,7 @@ class ProcessDriver:
                     raise RankFailure(min(set(range(self.args.dp_size)) - ready), "did not start in time") from None
                 continue
             if isinstance(message, RankFailed):
-                raise RankFailure(message.rank, message.error)
+                raise RankFailure(message.rank, message.error, message.detail)
             if isinstance(message, RankReady):
                 ready.add(message.rank)
             else:

@@ -97,21 +97,16 @@ def run_sim(
         if duration is not None and now >= duration:
             stopped_by = "duration"
             break
-        for rank, spec in workload.due(now, loads):
-            driver.submit(rank, spec)
+        outcomes, due = driver.step_with(workload, loads)
+        for rank, spec in due:
             metrics.add_submitted(spec)
             submitted.append((rank, spec.prompt_len, spec.prefix_hit, spec.output_len))
             requests[rank] += 1
             live += 1
-        outcomes = driver.step()
-        end = driver.now()
         for outcome in outcomes:
             if outcome.events:
                 metrics.add_events(outcome.events)
-                for event in outcome.events:
-                    if isinstance(event, Finished | Refused):
-                        live -= 1
-                        workload.on_finished(event.rid, end)
+                live -= sum(1 for event in outcome.events if isinstance(event, Finished | Refused))
             if outcome.itl:
                 metrics.add_itl(outcome.itl)
         record = outcomes[0].record
@@ -124,7 +119,8 @@ def run_sim(
         if live == 0 and workload.done:
             break
         if skip_idle and live == 0 and outcomes[0].all_idle:
-            skipped += _skip_to(driver.engines, workload.next_arrival, duration)
+            target = workload.next_arrival if duration is None else min(workload.next_arrival, duration)
+            skipped += driver.skip_to(target)
     wall = time.perf_counter() - started
     extra = SimExtra(
         stopped_by=stopped_by,
@@ -156,19 +152,3 @@ def _factory(cost: CostPreset, policy_factory: PolicyFactory | None) -> Callable
         )
 
     return make
-
-
-def _skip_to(engines: Sequence[RankEngine], target: float, duration: float | None) -> float:
-    """Advance every rank's virtual clock to `target` (capped at `duration`); returns the seconds skipped."""
-    if duration is not None:
-        target = min(target, duration)
-    now = engines[0].clock.now()
-    if not math.isfinite(target) or target <= now:
-        return 0.0
-    step = target - now
-    for engine in engines:
-        clock = engine.clock
-        if not isinstance(clock, VirtualClock):
-            raise TypeError("idle skipping needs virtual clocks")
-        clock.advance(step)
-    return step

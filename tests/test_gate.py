@@ -91,9 +91,9 @@ TRACES = {
         [[DEC_WANT, row()], [DEC_WANT, row()], [DEC_WANT, row()]],
         [(ALL, False, 0), (N, False, 1), (ALL, True, 2)],
     ),
-    # A rank above the watermark with only new prompts publishes want=false, decodes=true (P4): ALL stays
-    # shut and only the ANY point releases the peers' backlog.
-    "pressured_rank_blocks_all_until_any": (
+    # A rank that decodes and never wants (as a pressured rank publishes, P4) keeps ALL shut; only the ANY
+    # point releases its peer's backlog.
+    "decoding_rank_without_want_blocks_all_until_any": (
         1,
         3,
         [[DEC_WANT, DEC]] * 4,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import math
 import subprocess
 import threading
 import time
@@ -34,6 +35,7 @@ class StallingFeeder:
     """A workload with no requests whose `due` blocks while `hold` is set: the engine's thread stalls."""
 
     done = False
+    next_arrival = math.inf
 
     def __init__(self) -> None:
         self.hold = threading.Event()

@@ -81,7 +81,8 @@ def test_interval_checks_name_every_bad_field():  # rules C2, C3
     assert fields(None, 3, disable=True) == ["any_interval"]
     assert controller.validate_intervals(MAX_INTERVAL, MAX_INTERVAL).prefill_delay.any_interval == MAX_INTERVAL
     assert controller.validate_intervals(None, None, disable=True).prefill_delay is None
-    assert controller.args.prefill_delay.attempt_interval == 2  # validation changed nothing
+    assert controller._accepted_args.prefill_delay.attempt_interval == 2  # validation changed nothing
+    assert controller._accepted_epoch == 0 and controller.config.epoch == 0
 
 
 def test_submission_checks_name_every_bad_field():

@@ -116,8 +116,7 @@ def test_roles_ignore_allow_prefill():  # rule R9
 
 def test_config_change_is_adopted_by_every_rank_after_the_same_gather():  # rules G1, G2
     driver = LockstepDriver(gated())
-    before = feed(driver, 6, 2, 13)
-    counter_at_change = before[-1][0].counter_after
+    feed(driver, 6, 2, 13)
     driver.propose(1, PrefillDelay(3, 9))
     change = driver.step()
     assert {o.adopted_epoch for o in change} == {1}
@@ -128,7 +127,6 @@ def test_config_change_is_adopted_by_every_rank_after_the_same_gather():  # rule
     record = after[0].record
     assert (record.config_epoch, record.attempt_interval, record.any_interval) == (1, 3, 9)
     assert record.counter == change[0].counter_after  # the counter is kept across the change
-    assert counter_at_change >= 0
     for outcomes in run_rounds(driver, 30):
         rec = outcomes[0].record
         expected = (

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from engine.executor.base import DispatchMode, ForwardResult
+from engine.gate import GatePoint
 from engine.lockstep import LockstepDriver
 from engine.policies.local_interval import LocalIntervalPolicy
 from engine.policy import LocalView
@@ -138,10 +139,32 @@ def test_p4_pressured_rank_with_only_new_prompts_votes_no_even_in_a_window():  #
     assert plan.num_extends == 0 and plan.build is PlanBuild.WATERMARK
 
 
-def test_p5_rank_without_decode_work_never_blocks_all():  # rule P5
+def test_p2_p3_a_request_on_its_last_decode_is_no_work_for_the_next_round():  # rules P2, P3
     rank = Rank()
-    probe = rank.s.probe_prefill_gate()
-    assert probe.wants_prefill or not probe.has_decode_work
+    rank.s.submit(req("a", prompt_len=8, output_len=2))
+    rank.step()  # prefill and first token
+    plan = rank.plan()  # its second and last token
+    assert plan.num_decodes == 1
+    assert not rank.s.probe_prefill_gate().has_decode_work  # it would not block the next ALL point
+    rank.commit(plan)
+    assert rank.s.live == 0
+
+
+def test_p5_rank_without_decode_work_never_blocks_all():  # rule P5
+    # Rank 0 decodes with a prompt waiting; rank 1 is idle: want=false, decodes=false. A strict
+    # all(want) would hold the prompt until the ANY point; P5 lets the next ALL point open.
+    driver = LockstepDriver(sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=50))
+    driver.submit(0, req("long", output_len=60))
+    for _ in range(3):
+        driver.step()
+    driver.submit(0, req("waiting"))
+    opened = []
+    for _ in range(6):
+        outcome = driver.step()[0]
+        assert (outcome.rows[1].want_prefill, outcome.rows[1].has_decode_work) == (False, False)
+        if outcome.decision.point is GatePoint.ALL and outcome.decision.allow_prefill:
+            opened.append(outcome.round)
+    assert opened and opened[0] < 50  # an ALL point opened well before the ANY point
 
 
 # -- the plan under the gate ------------------------------------------------------------------------
@@ -337,15 +360,15 @@ def test_l1_local_interval():  # rule L1
 def test_l1_runs_in_the_engine_per_rank():  # rule L1
     driver = LockstepDriver(sim_args(dp_size=2, prefill_decode_interval=4))
     driver.submit(0, req("a", output_len=50))
-    for _ in range(5):
-        driver.step()
+    driver.step()  # round 0: "a" prefills; the rank now has decode work
     driver.submit(0, req("b"))
     extend_rounds = []
     for _ in range(8):
         outcome = driver.step()[0]
         if outcome.rows[0].num_extends:
             extend_rounds.append(outcome.round)
-    assert extend_rounds and extend_rounds[0] >= 4  # held until 4 rounds after its own last prefill
+    # The vote of round r reads the rounds counted up to r-1: 4 rounds since round 0 is round 5.
+    assert extend_rounds == [5]
 
 
 # -- bad input --------------------------------------------------------------------------------------

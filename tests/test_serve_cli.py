@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 SERVE = [sys.executable, "-m", "control.cli", "serve", "--port", "0"]
-SIM_PROCS = [
+SIM_PROCS = ["--collective-timeout-s", "300",
     "--executor",
     "sim",
     "--processes",
@@ -150,7 +150,7 @@ def test_a_killed_rank_ends_the_run_nonzero_with_no_orphans():
     started = time.monotonic()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
-    assert time.monotonic() - started < 20  # promptly: no waiting out the collective timeout
+    assert time.monotonic() - started < 60  # promptly: well before the 300 s collective timeout
     assert "rank" in err and "failed" in err
     assert not [pid for pid in pids if alive(pid)]
 

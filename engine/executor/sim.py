@@ -16,24 +16,11 @@ from engine.executor.presets import CostPreset, preset_named
 from engine.rows import Row
 from engine.scheduler.plan import Plan
 
-
-class _LastRound:
-    """The last round time computed, keyed by the identity of the gathered rows tuple.
-
-    In the lockstep driver every rank receives the same tuple object, so the cost model runs once per
-    round instead of once per rank. Holding the tuple keeps its identity from being reused.
-    """
-
-    __slots__ = ("page_size", "preset", "result", "rows")
-
-    def __init__(self) -> None:
-        self.rows: object = None
-        self.preset: object = None
-        self.page_size = 0
-        self.result: tuple[float, DispatchMode] = (0.0, DispatchMode.NONE)
-
-
-_LAST = _LastRound()
+# The last round time computed, keyed by the identity of the gathered rows tuple: in the lockstep driver
+# every rank receives the same tuple object, so the cost model runs once per round instead of once per
+# rank. One tuple, replaced whole, so two simulators in threads of one process never mix their entries;
+# holding the rows keeps their identity from being reused.
+_last: tuple[object, object, int, tuple[float, DispatchMode]] = (None, None, 0, (0.0, DispatchMode.NONE))
 
 
 class SimExecutor:
@@ -54,12 +41,13 @@ class SimExecutor:
         return self._cost(rows)[0]
 
     def _cost(self, rows: Sequence[Row]) -> tuple[float, DispatchMode]:
-        last = _LAST
-        if last.rows is rows and last.preset is self.preset and last.page_size == self.page_size:
-            return last.result
+        global _last
+        cached_rows, preset, page_size, result = _last
+        if cached_rows is rows and preset is self.preset and page_size == self.page_size:
+            return result
         mode = dispatch_mode(rows)
         result = (self.preset.round_seconds(rows, mode, self.page_size), mode)
-        last.rows, last.preset, last.page_size, last.result = rows, self.preset, self.page_size, result
+        _last = (rows, self.preset, self.page_size, result)
         return result
 
     def forward(self, plan: Plan, rows: Sequence[Row]) -> ForwardResult:

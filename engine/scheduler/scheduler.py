@@ -87,7 +87,6 @@ class Scheduler:
         self.now = 0.0
         self.retractions_total = 0
         self._live: dict[str, Req] = {}
-        self._seen: set[str] = set()
         self._storage: deque[Req] = deque()
         self._waiting: deque[Req] = deque()
         self._resident: deque[Req] = deque()
@@ -104,6 +103,7 @@ class Scheduler:
         self._heap_seq = 0
         self._growth: list[tuple[int, int, int, Req]] = []
         self._finish: list[tuple[int, int, int, Req]] = []
+        self._finishing: list[Req] = []  # decoding requests whose last token this round's forward produces
         self._last_decode_time = 0.0
         self._cohorts: dict[float, int] = {}
         self._events: list[RequestEvent] = []
@@ -119,8 +119,8 @@ class Scheduler:
     def submit(self, spec: RequestSpec) -> None:
         """Accept a request, or raise RequestError and change nothing."""
         spec.check()
-        if spec.rid in self._seen:
-            raise RequestError(f"request {spec.rid}: duplicate request id")
+        if spec.rid in self._live:
+            raise RequestError(f"request {spec.rid}: duplicate request id (a live request has it)")
         needed = pages_for(spec.prompt_len + spec.output_len, self.page_size)
         if needed > self.pool.usable:
             raise RequestError(
@@ -136,7 +136,6 @@ class Scheduler:
             self._storage.append(req)
         else:
             self._make_schedulable(req)
-        self._seen.add(spec.rid)
         self._live[spec.rid] = req
         self._pending_tokens += req.prefill_left
 
@@ -218,8 +217,8 @@ class Scheduler:
         )
 
     def _has_decode_work(self) -> bool:
-        if self._decoding:
-            return True
+        if len(self._decoding) > len(self._finishing):
+            return True  # some decoding request still has tokens to produce after this round
         if any(req.output_len > 1 for req in self._prefill_done):
             return True  # its prefill just finished: it runs its first decode next round
         return any(req.resume is S.DECODING for req in self._restoring.values())
@@ -329,7 +328,7 @@ class Scheduler:
         freed = self.pool.free + sum(len(v.pages) for v in upto)
         chunks_ok, new_ok = options.chunks_allowed, options.allow_prefill
         for alt in self._redirect_order(cand):
-            if alt in upto or self._ineligible(alt, chunks_ok, new_ok, freed_slots=1) is not None:
+            if alt in upto or self._ineligible(alt, chunks_ok, new_ok, freed_slots=len(upto)) is not None:
                 continue
             if self._min_pages(alt) <= freed:
                 for victim in upto:
@@ -430,6 +429,11 @@ class Scheduler:
         self._decode_step = step
         plan.num_decodes = len(self._decoding)
         plan.decode_rows_fn = self._decode_rows
+        finish = self._finish
+        while finish and finish[0][0] <= step:
+            _, _, version, req = heapq.heappop(finish)
+            if version == req.version and req.state is S.DECODING:
+                self._finishing.append(req)  # produces its last token this round (P3: no work left after it)
 
     def _free_a_page_for(self, req: Req, plan: Plan) -> bool:
         """Decode-driven retraction: newest decoding requests first, possibly `req` itself."""
@@ -509,12 +513,10 @@ class Scheduler:
         if tokens is not None:
             for req in self._decoding.values():
                 self._emit_tokens(req, tokens)
-        finish = self._finish
-        while finish and finish[0][0] <= self._decode_step:
-            _, _, version, req = heapq.heappop(finish)
-            if version == req.version and req.state is S.DECODING:
-                self._leave_decode(req)
-                self._end(req, S.FINISHED, FinishReason.LENGTH)
+        for req in self._finishing:
+            self._leave_decode(req)
+            self._end(req, S.FINISHED, FinishReason.LENGTH)
+        self._finishing.clear()
 
     def _emit_tokens(self, req: Req, tokens: dict[str, int] | None) -> None:
         if tokens is None or req.output is None:
