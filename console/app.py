@@ -7,7 +7,6 @@ immutable `ConsoleState` and hands it to every widget, each of which redraws onl
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
 
@@ -88,17 +87,8 @@ class ConsoleApp(App[int]):
     def on_mount(self) -> None:
         self.ingest = self.run_worker(self._read(), name="ingest", group="ingest", exit_on_error=False)
         self.set_interval(1 / self.tick_hz, self._tick, name="tick")
-        self._launched_by = os.getppid()
-        self.set_interval(1.0, self._exit_if_orphaned, name="orphan-check")
         self.query_one(RankGrid).focus()
         self.refresh_now()
-
-    def _exit_if_orphaned(self) -> None:
-        # A closed terminal does not always reach us as SIGHUP (the console may not be in the terminal's
-        # foreground group); the shell that started us is gone then, and a console nobody can see must
-        # not keep a core busy.
-        if os.getppid() != self._launched_by:
-            self.exit(0)
 
     async def _read(self) -> None:
         await self.source.run(self.store, self.limit)

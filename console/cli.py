@@ -8,6 +8,7 @@ import sys
 from typing import TextIO
 
 from console.endpoint import Endpoint, TargetError
+from console.hangup import watch_for_hangup
 from console.source import GrpcSource, ReplaySource, Source
 from control.auth import DEFAULT_PORT, TOKEN_ENV
 from control.recording import RecordingError
@@ -68,5 +69,6 @@ def console_main(ns: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     from console.app import ConsoleApp  # Textual loads only once the input is known to be good
 
     app = ConsoleApp(source, tick_hz=ns.tick_hz)
+    watch_for_hangup()
     app.run()
     return app.return_code or 0

@@ -47,14 +47,18 @@ def wait_for_port(port: int, server: subprocess.Popen[bytes], timeout_s: float =
 def main() -> int:
     """Start the engine, attach the console (or print snapshots), stop the engine."""
     from control.cli import main as cli
+    from engine.lifeline import die_with_parent
 
     port = free_port()
     target = f"127.0.0.1:{port}"
     log = open(os.devnull, "wb")  # noqa: SIM115 - lives as long as the child
+    demo_pid = os.getpid()
     server = subprocess.Popen(
         [sys.executable, "-m", "control.cli", "serve", "--port", str(port), *SERVE_FLAGS],
         stdout=log,
         stderr=subprocess.PIPE,
+        # If the demo dies without its finally (a closed terminal), the engine gets SIGTERM and drains.
+        preexec_fn=lambda: die_with_parent(demo_pid),  # the demo has one thread here: preexec_fn is safe
     )
     try:
         wait_for_port(port, server)
