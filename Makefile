@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint protos check-protos demo clean bench lab
+.PHONY: setup test lint protos check-protos demo clean lab
 
 setup: $(STAMP)
 
@@ -31,9 +31,6 @@ test: setup lint
 
 demo: setup
 	$(PY) -m control.demo
-
-bench: setup
-	$(PY) -m bench.run_all
 
 lab: setup
 	$(VENV)/bin/prefill-gate lab

@@ -209,4 +209,7 @@ class ReplaySource:
         sink.status(Link.ENDED, f"end of {self.name}: {count} rounds replayed")
 
     async def close(self) -> None:
-        """Nothing to release (the file reader closes itself at its end)."""
+        """Close the recording (also when the app quits before its end)."""
+        close = getattr(self.records, "close", None)  # a generator over the reader closes the file
+        if close is not None:
+            close()

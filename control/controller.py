@@ -127,7 +127,7 @@ class Controller:
         self.backend = backend
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.hub = RoundHub(self.run_id, history)
-        self.metrics = RunMetrics()
+        self.metrics = RunMetrics(max_samples=500_000)  # a server runs for days: percentiles of the recent past
         self.stall_after_s = stall_after_s
         self.duration = duration
         self.stop_when_idle = stop_when_idle

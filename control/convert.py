@@ -19,7 +19,7 @@ def rank_row(row: Row) -> pb.RankRow:
         num_extends=row.num_extends,
         want_prefill=row.want_prefill,
         has_decode_work=row.has_decode_work,
-        planned_prefill=row.num_extends > 0,
+        planned_prefill=row.planned_prefill,
         occupancy=occupancy,
         pool_pages_used=row.pool_pages_used,
         pool_pages_usable=row.pool_pages_usable,

@@ -69,7 +69,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--stall-after", type=float, default=5.0, help="health turns NOT_SERVING when no round came for this long (s)"
     )
-    group.add_argument("--record", default=None, metavar="FILE", help="append every round record to FILE")
+    group.add_argument(
+        "--record", default=None, metavar="FILE", help="write every round record to FILE (replaced if it exists)"
+    )
     group.add_argument("--grace-s", type=float, default=5.0, help="seconds open calls get when the server stops")
 
 

@@ -39,7 +39,7 @@ from control.trace_export import OtlpEndpoint
 from engine.gate import GatePoint
 from engine.record import RoundRecord
 from engine.request import Admitted, Finished, FirstToken, Refused, RequestSpec, Retracted
-from engine.rows import Row
+from engine.rows import Row, all_idle
 
 WAIT_ROUND_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -49,7 +49,7 @@ MAX_ARRIVALS = 100_000  # requests whose arrival is remembered for TTFT
 
 def round_outcome(record: RoundRecord) -> str:
     """`idle` when no rank had work (no forward ran), else whether prefill was allowed."""
-    if all(row.batch_size == 0 for row in record.rows):
+    if all_idle(record.rows):
         return "idle"
     return "open" if record.open else "closed"
 

@@ -149,9 +149,12 @@ class RecordingReader:
         self.records_read = 0
 
     def __iter__(self) -> Iterator[pb.RoundRecord]:
-        while (record := self._next_message(pb.RoundRecord, f"round record {self.records_read}")) is not None:
-            self.records_read += 1
-            yield record
+        try:
+            while (record := self._next_message(pb.RoundRecord, f"round record {self.records_read}")) is not None:
+                self.records_read += 1
+                yield record
+        finally:
+            self.close()  # at the end, on a bad record, or when the consumer stops early
 
     def _next_message(self, kind: type[M], what: str) -> M | None:
         """The next framed message; None at a clean end of file."""

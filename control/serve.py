@@ -107,6 +107,18 @@ def build_workload(ns: argparse.Namespace, args: ServerArgs) -> Workload | None:
     )
 
 
+def check_run_args(ns: argparse.Namespace, args: ServerArgs) -> None:
+    """Refuse run bounds and roles that could only end in a silent, useless run."""
+    for flag, value in (("--rounds", ns.rounds), ("--duration", ns.duration), ("--pace", ns.pace)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    if args.disaggregation_mode == "decode":
+        raise ValueError(
+            "--disaggregation-mode decode needs a prefill peer to hand it prompts, which `serve` does not run: "
+            "its requests could never finish"
+        )
+
+
 def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str) -> Backend:
     """Rank processes for the torch executor, the lockstep simulator for `--executor sim`."""
     spec = rank_observer_spec(ns, run_id, args.dp_size)  # None: tracing off, no observer at all
@@ -211,6 +223,7 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
     run_id = uuid.uuid4().hex[:12]  # the ranks derive every round's trace id from it
     try:
         args = ServerArgs.from_cli_args(ns)
+        check_run_args(ns, args)
         workload = build_workload(ns, args)
         backend = build_backend(args, workload, ns, run_id)
     except (ValueError, OSError) as exc:

@@ -56,7 +56,9 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
         help="send only traces to the OTLP endpoint (Jaeger takes no metrics); Prometheus is unaffected",
     )
     group.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    group.add_argument("--metrics-addr", default="0.0.0.0", help="metrics endpoint address (default: %(default)s)")
+    group.add_argument(
+        "--metrics-addr", default="127.0.0.1", help="metrics endpoint address (default: %(default)s, loopback)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ def telemetry_settings(ns: argparse.Namespace, environ: dict[str, str] | None = 
     port = getattr(ns, "metrics_port", None)
     if port is not None and not 0 <= port <= 65535:
         raise ValueError(f"--metrics-port must be in [0, 65535] (0: any free port), got {port}")
-    addr = getattr(ns, "metrics_addr", "0.0.0.0")
+    addr = getattr(ns, "metrics_addr", "127.0.0.1")
     return TelemetrySettings(endpoint, float(rate), port, addr, bool(getattr(ns, "otlp_metrics", True)))
 
 

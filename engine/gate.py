@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
+from engine.rows import all_idle
+
 
 class GatePoint(IntEnum):
     """Which attempt point a round falls on."""
@@ -64,7 +66,7 @@ def decide(rounds: int, attempt_interval: int, any_interval: int, rows: Sequence
 
 def next_rounds(rounds: int, rows: Sequence[GateRow]) -> int:
     """R3: reset after a round that extended anywhere or was idle everywhere, else count up."""
-    if any(row.num_extends > 0 for row in rows) or all(row.batch_size == 0 for row in rows):
+    if any(row.num_extends > 0 for row in rows) or all_idle(rows):
         return 0
     return rounds + 1
 

@@ -20,6 +20,7 @@ import numpy as np
 from engine.gate import GatePoint
 from engine.record import RoundRecord
 from engine.request import Admitted, Finished, FinishReason, FirstToken, Refused, RequestEvent, RequestSpec, Retracted
+from engine.rows import all_idle
 
 
 def weighted_percentile(values: Sequence[float], weights: Sequence[int | float], q: float) -> float | None:
@@ -96,10 +97,18 @@ class Summary:
 class RunMetrics:
     """Accumulates one run's records, events and ITL samples; `summary()` at any point.
 
-    Keeps counters and compact arrays only (no records), so a 100k-round run costs a few MB.
+    Keeps counters and compact arrays only (no records), so a 100k-round run costs a few MB. With
+    `max_samples` (a server that runs for days) each latency array keeps its newest samples only: past
+    the bound the oldest half is dropped, and the percentiles describe the recent past. `summary()` is
+    cached until something new arrives, so a dashboard polling it costs nothing between rounds.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_samples: int | None = None) -> None:
+        if max_samples is not None and max_samples < 2:
+            raise ValueError(f"max_samples must be >= 2, got {max_samples}")
+        self.max_samples = max_samples
+        self._version = 0
+        self._summary: tuple[int, Summary] | None = None
         self.rounds = 0
         self.busy_rounds = 0
         self.extend_rounds = 0
@@ -127,22 +136,25 @@ class RunMetrics:
 
     def add_submitted(self, spec: RequestSpec) -> None:
         """A request was handed to a rank; its `arrival` is the TTFT origin."""
+        self._version += 1
         self.submitted += 1
         self._arrival[spec.rid] = spec.arrival
 
     def add_arrivals(self, arrivals: Mapping[str, float]) -> None:
         """Arrival times by request id, for inputs that are not RequestSpecs."""
+        self._version += 1
         self.submitted += len(arrivals)
         self._arrival.update(arrivals)
 
     def add_record(self, record: RoundRecord) -> None:
         """One round record (rank 0's)."""
+        self._version += 1
         self.rounds += 1
         if self.start is None:
             self.start = record.clock - record.round_seconds
         self.end = record.clock
         rows = record.rows
-        if all(row.batch_size == 0 for row in rows):
+        if all_idle(rows):
             return  # an all-idle round runs no forward (F2)
         self.busy_rounds += 1
         self.busy_seconds += record.round_seconds
@@ -158,12 +170,14 @@ class RunMetrics:
 
     def add_events(self, events: Iterable[RequestEvent]) -> None:
         """Request events of any rank."""
+        self._version += 1
         for event in events:
             if isinstance(event, FirstToken):
                 self.first_tokens += 1
                 arrival = self._arrival.get(event.rid)
                 if arrival is not None:
                     self._ttft.append(event.time - arrival)
+                    self._trim(self._ttft)
             elif isinstance(event, Finished):
                 self._arrival.pop(event.rid, None)
                 if event.reason is FinishReason.ABORT:
@@ -173,6 +187,7 @@ class RunMetrics:
             elif isinstance(event, Admitted):
                 self._wait_rounds.append(event.wait_rounds)
                 self._wait_seconds.append(event.wait_seconds)
+                self._trim(self._wait_rounds, self._wait_seconds)
             elif isinstance(event, Refused):
                 self._arrival.pop(event.rid, None)
                 self.refused += 1
@@ -181,14 +196,32 @@ class RunMetrics:
 
     def add_itl(self, samples: Iterable[tuple[float, int]]) -> None:
         """Inter-token latency samples: (seconds since the previous token, requests that waited so long)."""
+        self._version += 1
         for seconds, count in samples:
             self._itl.append(seconds)
             self._itl_weight.append(count)
+        self._trim(self._itl, self._itl_weight)
 
     # -- output ------------------------------------------------------------------------------------
 
     def summary(self) -> Summary:
-        """The run so far."""
+        """The run so far (cached until the next input)."""
+        cached = self._summary
+        if cached is not None and cached[0] == self._version:
+            return cached[1]
+        summary = self._compute()
+        self._summary = (self._version, summary)
+        return summary
+
+    def _trim(self, *arrays: array) -> None:
+        """Keep the newest half of parallel sample arrays once they pass `max_samples`."""
+        if self.max_samples is None or len(arrays[0]) <= self.max_samples:
+            return
+        drop = len(arrays[0]) // 2
+        for values in arrays:
+            del values[:drop]
+
+    def _compute(self) -> Summary:
         elapsed = self.end - self.start if self.start is not None else 0.0
         output_tokens = self.first_tokens + int(sum(self._itl_weight))
         ttft = self._ttft.tolist()

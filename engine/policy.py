@@ -24,8 +24,6 @@ class LocalView:
 
     wants_prefill: bool = False
     has_decode_work: bool = False
-    has_resident_chunk: bool = False
-    waiting_prompts: int = 0
     # Rounds the longest-waiting schedulable new prompt has waited (L1's delay budget); -1: none.
     oldest_wait_rounds: int = -1
 

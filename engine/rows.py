@@ -10,8 +10,9 @@ one tuple.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 # Sentinel for an unset interval inside an int64 vector (intervals are >= 1 when set).
 UNSET = -1
@@ -88,3 +89,13 @@ def decode_rows(flat: Sequence[int], size: int) -> tuple[Row, ...]:
     if len(flat) != size * ROW_WIDTH:
         raise ValueError(f"gathered {len(flat)} values for {size} rows of {ROW_WIDTH}")
     return tuple(Row.decode(flat[i * ROW_WIDTH : (i + 1) * ROW_WIDTH]) for i in range(size))
+
+
+class _Batched(Protocol):
+    @property
+    def batch_size(self) -> int: ...
+
+
+def all_idle(rows: Iterable[_Batched]) -> bool:
+    """Every rank had nothing to run this round: no forward runs (F2) and the counter resets (R3)."""
+    return all(row.batch_size == 0 for row in rows)

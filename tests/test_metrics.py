@@ -149,3 +149,17 @@ def test_empty_run_summary():
     summary = summarize([], [], [])
     assert summary.rounds == 0 and summary.extend_round_share is None and summary.itl_p50_s is None
     assert summary.gate_wait_max_rounds == 0 and summary.gate_wait_p99_rounds is None
+
+
+def test_bounded_samples_keep_the_newest_and_summary_is_cached():
+    metrics = RunMetrics(max_samples=4)
+    metrics.add_itl([(1.0, 1), (2.0, 1), (3.0, 1), (4.0, 1)])
+    assert metrics.summary().itl_p99_s == 4.0
+    first = metrics.summary()
+    assert metrics.summary() is first  # nothing new: the same object, no re-sort
+    metrics.add_itl([(100.0, 1)])  # five samples: the oldest half goes, the newest stay
+    summary = metrics.summary()
+    assert summary is not first
+    assert summary.itl_p50_s == 4.0 and summary.itl_p99_s == 100.0
+    with pytest.raises(ValueError, match="max_samples"):
+        RunMetrics(max_samples=1)

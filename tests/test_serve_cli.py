@@ -64,6 +64,9 @@ def test_help_lists_the_flags():  # rule C1
         (["--executor", "sim", "--sim-preset", "nope"], "unknown sim preset 'nope'"),
         (["--dp-size", "4096", "--max-num-seqs", "4096", "--model-experts", "4096"], "more rank processes"),
         (["--executor", "sim", "--arrival", "trace"], "--trace FILE"),
+        (["--executor", "sim", "--rounds", "-3"], "--rounds must be > 0"),
+        (["--executor", "sim", "--pace", "0"], "--pace must be > 0"),
+        (["--executor", "sim", "--disaggregation-mode", "decode"], "needs a prefill peer"),
     ],
 )
 def test_bad_flags_exit_nonzero_with_a_message_and_no_traceback(argv, message):  # rules C2, C4

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
-from engine.rows import Row
+from engine.rows import Row, all_idle
 from engine.scheduler.plan import CacheOp, Plan
 
 
@@ -21,7 +21,7 @@ class DispatchMode(IntEnum):
 
 def dispatch_mode(rows: Sequence[Row]) -> DispatchMode:
     """F1/F2 from the gathered rows, identical on every rank."""
-    if all(row.batch_size == 0 for row in rows):
+    if all_idle(rows):
         return DispatchMode.NONE
     if all(row.num_extends == 0 for row in rows):
         return DispatchMode.LOW_LATENCY  # all_decode_or_idle

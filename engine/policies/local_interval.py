@@ -32,7 +32,8 @@ class LocalIntervalPolicy(PrefillPolicy):
         return Decision(allow_prefill=allow, counter=self.rounds_since_prefill)
 
     def observe(self, rows: Sequence[Row]) -> None:
-        own = rows[self.rank] if len(rows) > self.rank else rows[0]
+        # With attention DP the rank sees every rank's row; without it only its own (R7).
+        own = rows[self.rank] if len(rows) > 1 else rows[0]
         self.rounds_since_prefill = 0 if own.num_extends > 0 else self.rounds_since_prefill + 1
 
     @property

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from engine.config import ServerArgs
 from engine.policy import Decision, LocalView, PrefillPolicy
-from engine.rows import Row
+from engine.rows import Row, all_idle
 
 PREFILL_SCHEDULE_INTERVAL = 2
 
@@ -71,7 +71,7 @@ class VllmCadencePolicy(PrefillPolicy):
         own = rows[self.rank] if len(rows) > self.rank else rows[0]
         if self._open:
             self.capacity_bound = own.waiting_prompts - own.storage_reads > 0
-        self.step = 0 if all(row.batch_size == 0 for row in rows) else self.step + 1
+        self.step = 0 if all_idle(rows) else self.step + 1
 
     @property
     def counter(self) -> int:

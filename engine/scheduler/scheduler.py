@@ -211,8 +211,6 @@ class Scheduler:
         return LocalView(
             wants_prefill=probe.wants_prefill,
             has_decode_work=probe.has_decode_work,
-            has_resident_chunk=bool(self._resident),
-            waiting_prompts=len(self._waiting) + len(self._storage),
             oldest_wait_rounds=self.round - self._waiting[0].schedulable_round if self._waiting else -1,
         )
 
@@ -593,22 +591,10 @@ class Scheduler:
             retractions_total=self.retractions_total,
         )
 
-    def generated(self, rid: str) -> int:
-        """Output tokens a live request has produced so far."""
-        req = self._live[rid]
-        if req.state is S.DECODING:
-            return req.generated + self._decode_step - req.step_base
-        return req.generated
-
     def state_of(self, rid: str) -> ReqState | None:
         """A live request's state, or None once it ended."""
         req = self._live.get(rid)
         return req.state if req else None
-
-    def output_of(self, rid: str) -> list[int] | None:
-        """A live request's output tokens so far (only with keep_tokens)."""
-        req = self._live.get(rid)
-        return list(req.output) if req is not None and req.output is not None else None
 
     @property
     def live(self) -> int:
