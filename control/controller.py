@@ -34,7 +34,6 @@ from engine.request import (
     RequestSpec,
     Tokens,
 )
-from engine.scheduler.pool import pages_for
 
 # Proto field names of the admin request, by the flag a ServerArgs error names.
 FIELD_OF_FLAG = {ATTEMPT_FLAG: "attempt_interval", ANY_FLAG: "any_interval"}
@@ -367,7 +366,6 @@ class Controller:
         violations = self.request_violations(spec, rank)
         if violations:
             raise RequestRejected(violations)
-        spec.check()
         if spec.rid in self._live:
             raise DuplicateRequest(f"request {spec.rid}: a live request already has this id")
         if rank is None:
@@ -383,31 +381,12 @@ class Controller:
     def request_violations(self, spec: RequestSpec, rank: int | None) -> Violations:
         """What is wrong with a submission, by SubmitRequest field (empty: a rank would accept it)."""
         args = self.args
-        out: Violations = []
-        if not spec.rid:
-            out.append(("request_id", "must not be empty"))
-        if spec.prompt is not None:
-            bad = [t for t in spec.prompt if not 0 <= t < args.model_vocab]
-            if bad:
-                out.append(("prompt", f"token ids must be in [0, {args.model_vocab}), got {bad[0]}"))
-        if spec.prompt_len < 1:
-            out.append(("prompt_len", f"must be >= 1 (or give prompt token ids), got {spec.prompt_len}"))
-        elif spec.prompt is not None and len(spec.prompt) != spec.prompt_len:
-            out.append(("prompt_len", f"is {spec.prompt_len} but prompt has {len(spec.prompt)} tokens"))
-        if spec.output_len < 1:
-            out.append(("output_len", f"must be >= 1, got {spec.output_len}"))
-        if spec.prefix_hit < 0 or (spec.prompt_len >= 1 and spec.prefix_hit >= spec.prompt_len):
-            out.append(("prefix_hit", f"must be in [0, prompt_len) = [0, {spec.prompt_len}), got {spec.prefix_hit}"))
-        elif spec.prefix_hit and args.executor != "sim":
-            out.append(("prefix_hit", "this executor has no storage tier to read a cached prefix from"))
-        if spec.prompt_len >= 1 and spec.output_len >= 1:
-            needed = pages_for(spec.prompt_len + spec.output_len, args.page_size)
-            if needed > args.kv_pages:
-                text = (
-                    f"prompt_len + output_len = {spec.prompt_len + spec.output_len} tokens need {needed} pages, "
-                    f"more than the {args.kv_pages} a rank's pool holds"
-                )
-                out += [("prompt_len", text), ("output_len", text)]
+        out = spec.violations(
+            usable_pages=args.kv_pages,
+            page_size=args.page_size,
+            vocab=args.model_vocab,
+            prefix_cache=args.executor == "sim",
+        )
         if rank is not None and not 0 <= rank < self.backend.dp_size:
             out.append(("rank", f"must be in [0, {self.backend.dp_size}), got {rank}"))
         return out

@@ -28,23 +28,56 @@ class RequestSpec:
     prompt: tuple[int, ...] | None = None
     prefix_hit: int = 0
 
-    def check(self) -> None:
-        """Raise RequestError on a request that no scheduler could serve."""
+    def violations(
+        self,
+        *,
+        usable_pages: int | None = None,
+        page_size: int = 16,
+        vocab: int | None = None,
+        prefix_cache: bool = True,
+    ) -> list[tuple[str, str]]:
+        """Every reason no rank could serve this request, by SubmitRequest field name (empty: servable).
+
+        The one place requests are validated: `check` raises on these, the scheduler adds its pool, the
+        control plane reports them all at once as field violations.
+        """
+        out: list[tuple[str, str]] = []
         if not isinstance(self.rid, str) or not self.rid:
-            raise RequestError(f"request id must be a non-empty string, got {self.rid!r}")
-        if not _is_int(self.prompt_len) or self.prompt_len < 1:
-            raise RequestError(f"request {self.rid}: prompt must not be empty (prompt_len={self.prompt_len!r})")
-        if not _is_int(self.output_len) or self.output_len < 1:
-            raise RequestError(f"request {self.rid}: output_len must be >= 1, got {self.output_len!r}")
-        if not _is_int(self.prefix_hit) or not 0 <= self.prefix_hit < self.prompt_len:
-            raise RequestError(
-                f"request {self.rid}: prefix_hit must be in [0, prompt_len) = [0, {self.prompt_len}), "
-                f"got {self.prefix_hit!r}"
-            )
-        if self.prompt is not None and len(self.prompt) != self.prompt_len:
-            raise RequestError(
-                f"request {self.rid}: prompt has {len(self.prompt)} tokens but prompt_len is {self.prompt_len}"
-            )
+            out.append(("request_id", f"must be a non-empty string, got {self.rid!r}"))
+        if self.prompt is not None and vocab is not None:
+            bad = [token for token in self.prompt if not 0 <= token < vocab]
+            if bad:
+                out.append(("prompt", f"token ids must be in [0, {vocab}), got {bad[0]}"))
+        prompt_ok = _is_int(self.prompt_len) and self.prompt_len >= 1
+        if not prompt_ok:
+            out.append(("prompt_len", f"prompt must not be empty: prompt_len must be >= 1, got {self.prompt_len!r}"))
+        elif self.prompt is not None and len(self.prompt) != self.prompt_len:
+            out.append(("prompt_len", f"is {self.prompt_len} but prompt has {len(self.prompt)} tokens"))
+        output_ok = _is_int(self.output_len) and self.output_len >= 1
+        if not output_ok:
+            out.append(("output_len", f"output_len must be >= 1, got {self.output_len!r}"))
+        if not _is_int(self.prefix_hit) or self.prefix_hit < 0 or (prompt_ok and self.prefix_hit >= self.prompt_len):
+            bounds = f"[0, prompt_len) = [0, {self.prompt_len})"
+            out.append(("prefix_hit", f"prefix_hit must be in {bounds}, got {self.prefix_hit!r}"))
+        elif self.prefix_hit and not prefix_cache:
+            out.append(("prefix_hit", "this executor has no storage tier to read a cached prefix from"))
+        if usable_pages is not None and prompt_ok and output_ok:
+            total = self.prompt_len + self.output_len
+            needed = -(-total // page_size)
+            if needed > usable_pages:
+                text = (
+                    f"prompt_len + output_len = {total} tokens need {needed} pages, more than the "
+                    f"{usable_pages} a rank's pool can ever hold"
+                )
+                out += [("prompt_len", text), ("output_len", text)]
+        return out
+
+    def check(self, **limits: object) -> None:
+        """Raise RequestError naming the request and its first violation (see `violations`)."""
+        problems = self.violations(**limits)  # type: ignore[arg-type]
+        if problems:
+            field, message = problems[0]
+            raise RequestError(f"request {self.rid}: {field}: {message}")
 
 
 def _is_int(value: object) -> bool:

@@ -118,17 +118,9 @@ class Scheduler:
 
     def submit(self, spec: RequestSpec) -> None:
         """Accept a request, or raise RequestError and change nothing."""
-        spec.check()
+        spec.check(usable_pages=self.pool.usable, page_size=self.page_size, prefix_cache=self.prefix_cache)
         if spec.rid in self._live:
             raise RequestError(f"request {spec.rid}: duplicate request id (a live request has it)")
-        needed = pages_for(spec.prompt_len + spec.output_len, self.page_size)
-        if needed > self.pool.usable:
-            raise RequestError(
-                f"request {spec.rid}: prompt_len {spec.prompt_len} + output_len {spec.output_len} needs "
-                f"{needed} pages, more than the {self.pool.usable} this rank's pool can ever hold"
-            )
-        if spec.prefix_hit and not self.prefix_cache:
-            raise RequestError(f"request {spec.rid}: this executor has no storage tier to read a cached prefix from")
         reading = spec.prefix_hit > 0 and self.storage_read_ticks > 0
         req = Req(spec, S.STORAGE_READ if reading else S.NEW, self.keep_tokens)
         if reading:
