@@ -50,15 +50,15 @@ class RequestSpec:
                 out.append(("prompt", f"token ids must be in [0, {vocab}), got {bad[0]}"))
         prompt_ok = _is_int(self.prompt_len) and self.prompt_len >= 1
         if not prompt_ok:
-            out.append(("prompt_len", f"prompt must not be empty: prompt_len must be >= 1, got {self.prompt_len!r}"))
+            out.append(("prompt_len", f"must be >= 1 (the prompt must not be empty), got {self.prompt_len!r}"))
         elif self.prompt is not None and len(self.prompt) != self.prompt_len:
             out.append(("prompt_len", f"is {self.prompt_len} but prompt has {len(self.prompt)} tokens"))
         output_ok = _is_int(self.output_len) and self.output_len >= 1
         if not output_ok:
-            out.append(("output_len", f"output_len must be >= 1, got {self.output_len!r}"))
+            out.append(("output_len", f"must be >= 1, got {self.output_len!r}"))
         if not _is_int(self.prefix_hit) or self.prefix_hit < 0 or (prompt_ok and self.prefix_hit >= self.prompt_len):
             bounds = f"[0, prompt_len) = [0, {self.prompt_len})"
-            out.append(("prefix_hit", f"prefix_hit must be in {bounds}, got {self.prefix_hit!r}"))
+            out.append(("prefix_hit", f"must be in {bounds}, got {self.prefix_hit!r}"))
         elif self.prefix_hit and not prefix_cache:
             out.append(("prefix_hit", "this executor has no storage tier to read a cached prefix from"))
         if usable_pages is not None and prompt_ok and output_ok:

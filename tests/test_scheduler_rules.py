@@ -378,8 +378,8 @@ def test_l1_runs_in_the_engine_per_rank():  # rule L1
     ("spec", "message"),
     [
         (req("e", prompt_len=0), "prompt must not be empty"),
-        (req("z", output_len=0), "output_len must be >= 1"),
-        (req("n", output_len=-3), "output_len must be >= 1"),
+        (req("z", output_len=0), "output_len: must be >= 1"),
+        (req("n", output_len=-3), "output_len: must be >= 1"),
         (req("huge", prompt_len=10_000), "more than the 20"),
         (req("pfx", prompt_len=8, prefix_hit=8), "prefix_hit"),
     ],
