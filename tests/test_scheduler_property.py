@@ -74,10 +74,10 @@ def test_random_traffic_drains_completely(actions, lengths, mixed, kv_pages):
         check_accounting(rank)
     idle = 0
     while rank.s.live and idle < 300:  # drain with the gate open, until nothing moves for 300 rounds
-        before = (rank.s.live, rank.s.pool.used, rank.s._decode_step, rank.s._pending_tokens)
+        before = (rank.s.live, rank.s.pool.used, rank.s._decode.step, rank.s._pending_tokens)
         rank.step(PlanOptions(allow_prefill=True))
         check_accounting(rank)
-        idle = idle + 1 if (rank.s.live, rank.s.pool.used, rank.s._decode_step, rank.s._pending_tokens) == before else 0
+        idle = idle + 1 if (rank.s.live, rank.s.pool.used, rank.s._decode.step, rank.s._pending_tokens) == before else 0
     stuck = [
         (r.rid, r.state.value, len(r.pages), r.computed, r.prompt_len, r.prefix, r.output_len)
         for r in rank.s._live.values()

@@ -16,14 +16,12 @@ Choices where SEMANTICS.md is silent (also in docs/scheduler.md):
   `max_readmissions_per_round`, only into a free batch slot and only while the pool stays at or under
   the watermark after the restore (so a restore never immediately forces another retraction) - unless
   nothing else runs on the rank, where a large image must come back whatever its size.
-- Every decoding request decodes in every decode round, so decode progress is kept as one decode step
-  counter plus per-request events (next page, finish) in heaps: a decode round costs O(events), not
-  O(requests). Inter-token latency is kept the same way, per cohort of equal previous-token time.
+- Every decoding request decodes in every decode round: `DecodeSet` (decode_set.py) keeps their
+  progress as one step counter plus per-request events, so a decode round costs O(events).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 
 from engine.config import ServerArgs
@@ -43,6 +41,7 @@ from engine.request import (
     Retracted,
     Tokens,
 )
+from engine.scheduler.decode_set import DecodeSet
 from engine.scheduler.plan import (
     K_PREFILL_WATERMARK,
     BatchKind,
@@ -91,21 +90,13 @@ class Scheduler:
         self._waiting: deque[Req] = deque()
         self._resident: deque[Req] = deque()
         self._prefill_done: list[Req] = []
-        self._decoding: dict[str, Req] = {}
+        self._decode = DecodeSet(args.page_size)
         self._restoring: dict[str, Req] = {}
         self._retracting: dict[str, Req] = {}
         self._retracted: deque[Req] = deque()
         self._pending_tokens = 0
         self._admit_seq = 0
         self._paused = False
-        # Decode progress: one step counter, event heaps of (step, seq, version, request).
-        self._decode_step = 0
-        self._heap_seq = 0
-        self._growth: list[tuple[int, int, int, Req]] = []
-        self._finish: list[tuple[int, int, int, Req]] = []
-        self._finishing: list[Req] = []  # decoding requests whose last token this round's forward produces
-        self._last_decode_time = 0.0
-        self._cohorts: dict[float, int] = {}
         self._events: list[RequestEvent] = []
         self._itl: list[tuple[float, int]] = []
 
@@ -149,7 +140,7 @@ class Scheduler:
         elif state is S.PREFILLING:
             self._resident.remove(req)
         elif state is S.DECODING:
-            self._leave_decode(req)
+            self._decode.leave(req)
         elif state is S.RETRACTING:
             del self._retracting[rid]
         elif state is S.RETRACTED:
@@ -184,7 +175,7 @@ class Scheduler:
             elif op.kind is CacheOpKind.RESTORE and req.state is S.RESTORING:
                 del self._restoring[req.rid]
                 if req.resume is S.DECODING:
-                    self._join_decode(req, req.join_time)
+                    self._decode.join(req, req.join_time)
                 else:
                     req.move(S.PREFILLING)
                     self._resident.append(req)
@@ -207,8 +198,8 @@ class Scheduler:
         )
 
     def _has_decode_work(self) -> bool:
-        if len(self._decoding) > len(self._finishing):
-            return True  # some decoding request still has tokens to produce after this round
+        if self._decode.has_work_after_this_step():
+            return True
         if any(req.output_len > 1 for req in self._prefill_done):
             return True  # its prefill just finished: it runs its first decode next round
         return any(req.resume is S.DECODING for req in self._restoring.values())
@@ -336,7 +327,7 @@ class Scheduler:
             return []
         movable = [req for req in self._resident if req.pages]
         if not (self.mixed and protect.num_decodes):
-            movable += self._decoding.values()  # mixed mode: this round's decode rows are already planned
+            movable += self._decode.requests.values()  # mixed mode: this round's decode rows are already planned
         chosen: list[Req] = []
         for req in sorted(movable, key=lambda r: r.admit_seq, reverse=True):
             chosen.append(req)
@@ -402,56 +393,27 @@ class Scheduler:
 
     def _plan_decode(self, plan: Plan) -> None:
         """Every decoding request decodes; requests due a new page get one or cause a retraction."""
-        if not self._decoding:
+        decode = self._decode
+        if not decode:
             return
-        step = self._decode_step + 1
-        growth = self._growth
-        while growth and growth[0][0] <= step:
-            _, _, version, req = heapq.heappop(growth)
-            if version != req.version or req.state is not S.DECODING:
-                continue
-            if not self._free_a_page_for(req, plan):
-                continue  # it was itself the newest decoding request and was retracted
-            req.pages.extend(self.pool.allocate(1))
-            self._push(growth, step + self.page_size, req)
-        if not self._decoding:
+        for req in decode.growing():
+            if self._free_a_page_for(req, plan):
+                req.pages.extend(self.pool.allocate(1))
+                decode.grew(req)
+        if not decode:
             return
-        self._decode_step = step
-        plan.num_decodes = len(self._decoding)
-        plan.decode_rows_fn = self._decode_rows
-        finish = self._finish
-        while finish and finish[0][0] <= step:
-            _, _, version, req = heapq.heappop(finish)
-            if version == req.version and req.state is S.DECODING:
-                self._finishing.append(req)  # produces its last token this round (P3: no work left after it)
+        decode.begin_step()
+        plan.num_decodes = len(decode)
+        plan.decode_rows_fn = decode.rows
 
     def _free_a_page_for(self, req: Req, plan: Plan) -> bool:
-        """Decode-driven retraction: newest decoding requests first, possibly `req` itself."""
+        """Decode-driven retraction: newest decoding requests first; False if `req` itself went."""
         while self.pool.free < 1:
-            victim = max(self._decoding.values(), key=lambda r: r.admit_seq)
+            victim = self._decode.newest()
             self._retract(victim, plan)
             if victim is req:
                 return False
         return True
-
-    def _decode_rows(self) -> list[BatchRow]:
-        step = self._decode_step
-        rows = []
-        for req in self._decoding.values():
-            produced = req.generated + (step - 1 - req.step_base)
-            output = req.output
-            rows.append(
-                BatchRow(
-                    rid=req.rid,
-                    extend=False,
-                    start=req.prompt_len + produced - 1,
-                    num_tokens=1,
-                    pages=req.pages,
-                    samples=True,
-                    input_tokens=(output[-1],) if output else None,
-                )
-            )
-        return rows
 
     # -- retraction --------------------------------------------------------------------------------
 
@@ -462,7 +424,7 @@ class Scheduler:
         granted within the same round.
         """
         if req.state is S.DECODING:
-            self._leave_decode(req)
+            self._decode.leave(req)
             req.host_tokens = req.prompt_len + req.generated - 1
             req.resume = S.DECODING
         else:
@@ -484,7 +446,13 @@ class Scheduler:
         self.now = now
         tokens = result.tokens
         if plan.num_decodes:
-            self._commit_decode(tokens, now)
+            self._itl += self._decode.end_step(now)
+            if tokens is not None:
+                for req in self._decode.requests.values():
+                    self._emit_tokens(req, tokens)
+            for req in self._decode.take_finishing():
+                self._decode.leave(req)
+                self._end(req, S.FINISHED, FinishReason.LENGTH)
         for req in self._prefill_done:
             req.generated = 1
             self._emit_tokens(req, tokens)
@@ -492,21 +460,8 @@ class Scheduler:
             if req.output_len == 1:
                 self._end(req, S.FINISHED, FinishReason.LENGTH)
             else:
-                self._join_decode(req, now)
+                self._decode.join(req, now)
         self._prefill_done.clear()
-
-    def _commit_decode(self, tokens: dict[str, int] | None, now: float) -> None:
-        for last, count in self._cohorts.items():
-            self._itl.append((now - last, count))
-        self._cohorts = {now: len(self._decoding)} if self._decoding else {}
-        self._last_decode_time = now
-        if tokens is not None:
-            for req in self._decoding.values():
-                self._emit_tokens(req, tokens)
-        for req in self._finishing:
-            self._leave_decode(req)
-            self._end(req, S.FINISHED, FinishReason.LENGTH)
-        self._finishing.clear()
 
     def _emit_tokens(self, req: Req, tokens: dict[str, int] | None) -> None:
         if tokens is None or req.output is None:
@@ -525,38 +480,6 @@ class Scheduler:
         del self._live[req.rid]
         self._events.append(Finished(req.rid, self.rank, self.round, self.now, reason, req.generated))
 
-    # -- the decode set ----------------------------------------------------------------------------
-
-    def _join_decode(self, req: Req, last_token_time: float) -> None:
-        req.move(S.DECODING)
-        req.step_base = self._decode_step
-        req.join_time = last_token_time
-        self._decoding[req.rid] = req
-        self._cohorts[last_token_time] = self._cohorts.get(last_token_time, 0) + 1
-        kv_len = req.prompt_len + req.generated - 1
-        finish_step = req.step_base + req.output_len - req.generated
-        grow_step = req.step_base + 1 + len(req.pages) * self.page_size - kv_len
-        self._push(self._finish, finish_step, req)
-        if grow_step <= finish_step:
-            self._push(self._growth, grow_step, req)
-
-    def _leave_decode(self, req: Req) -> None:
-        """Take a request out of the decode set, making its token count and last-token time exact."""
-        del self._decoding[req.rid]
-        req.generated += self._decode_step - req.step_base
-        last = max(req.join_time, self._last_decode_time) if self._decode_step > req.step_base else req.join_time
-        left = self._cohorts[last] - 1
-        if left:
-            self._cohorts[last] = left
-        else:
-            del self._cohorts[last]
-        req.join_time = last
-        req.version += 1
-
-    def _push(self, heap: list[tuple[int, int, int, Req]], step: int, req: Req) -> None:
-        self._heap_seq += 1
-        heapq.heappush(heap, (step, self._heap_seq, req.version, req))
-
     # -- views -------------------------------------------------------------------------------------
 
     def _make_schedulable(self, req: Req) -> None:
@@ -567,7 +490,7 @@ class Scheduler:
     @property
     def running(self) -> int:
         """Requests holding a batch slot."""
-        return len(self._resident) + len(self._prefill_done) + len(self._decoding) + len(self._restoring)
+        return len(self._resident) + len(self._prefill_done) + len(self._decode) + len(self._restoring)
 
     def counts(self) -> PoolCounts:
         """The counts a round row publishes."""
