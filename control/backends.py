@@ -193,6 +193,7 @@ class SimBackend:
                     self._idle(started)
                 elif self.pace:
                     self._keep_pace(started)
+            self._out.put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
             self._out.put(Polled(stopped=True))

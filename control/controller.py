@@ -144,6 +144,7 @@ class Controller:
         self._last_record_wall = 0.0
         self._started_wall = time.monotonic()
         self._stop_requested = False
+        self._killed = False
         self._workload_done = False
         self.draining = asyncio.Event()  # set by request_stop: health flips at once, not at the next poll
         self.stopped = asyncio.Event()
@@ -159,7 +160,7 @@ class Controller:
     async def run(self, poll_interval_s: float = 0.002) -> None:
         """Pump until every rank stopped; the backend is closed on the way out."""
         try:
-            while True:
+            while not self._killed:
                 polled = self.pump()
                 if polled.stopped:
                     self.pump()  # the rank processes' last records may trail their exit notices
@@ -247,6 +248,11 @@ class Controller:
         # can never look finished.
         if self.stop_when_idle and self._workload_done and not self._live and self.latest:
             self.request_stop()
+
+    def kill(self) -> None:
+        """Stop now, without the agreed last round: the ranks are killed and `run` returns."""
+        self._killed = True
+        self.backend.close()
 
     def request_stop(self) -> None:
         """Drain: take no new work, and have every rank stop after the same round (no-op once stopped)."""

@@ -177,7 +177,7 @@ async def run_serve(
             print("\nstopping: every rank stops after the same round (Ctrl-C again to kill)", file=out, flush=True)
             controller.request_stop()
         else:
-            controller.backend.close()
+            controller.kill()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 SERVE = [sys.executable, "-m", "control.cli", "serve", "--port", "0"]
-SIM_PROCS = ["--collective-timeout-s", "300",
+SIM_PROCS = [
+    "--collective-timeout-s",
+    "300",
     "--executor",
     "sim",
     "--processes",
@@ -202,3 +204,32 @@ def test_calibrate_refuses_too_few_rounds():
         [sys.executable, "-m", "control.cli", "calibrate", "--rounds", "10"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "--rounds must be >= 50" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    proc = subprocess.Popen(
+        # Paced and busy: the simulator thread sleeps between rounds when the second signal closes it.
+        [
+            *SERVE,
+            "--executor",
+            "sim",
+            "--dp-size",
+            "2",
+            "--enable-dp-attention",
+            "--pace",
+            "1",
+            "--keep-serving",
+            "--requests",
+            "0",
+            "--rate",
+            "50",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert "round" in proc.stdout.readline() + proc.stdout.readline()  # the plane's address, then progress
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)  # before the agreed stop round: kill, do not wait for it
+    out, err = proc.communicate(timeout=30)
+    assert "stopping" in out and "Traceback" not in err
