@@ -12,20 +12,8 @@ from pathlib import Path
 import pytest
 
 SERVE = [sys.executable, "-m", "control.cli", "serve", "--port", "0"]
-SIM_PROCS = [
-    "--collective-timeout-s",
-    "300",
-    "--executor",
-    "sim",
-    "--processes",
-    "--dp-size",
-    "3",
-    "--enable-dp-attention",
-    "--prefill-attempt-interval",
-    "4",
-    "--prefill-any-attempt-interval",
-    "16",
-]
+GATE = ["--enable-dp-attention", "--prefill-attempt-interval", "4", "--prefill-any-attempt-interval", "16"]
+SIM_PROCS = ["--collective-timeout-s", "300", "--executor", "sim", "--processes", "--dp-size", "3", *GATE]
 
 
 def run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -88,15 +76,8 @@ def test_malformed_trace_line_is_named(tmp_path: Path):
 def test_sim_run_completes_every_request_and_prints_a_summary():
     result = run(
         [
-            "--executor",
-            "sim",
-            "--dp-size",
-            "4",
-            "--enable-dp-attention",
-            "--prefill-attempt-interval",
-            "4",
-            "--prefill-any-attempt-interval",
-            "16",
+            *("--executor", "sim", "--dp-size", "4"),
+            *GATE,
             "--requests",
             "60",
             "--rate",
@@ -163,13 +144,8 @@ def test_a_killed_rank_ends_the_run_nonzero_with_no_orphans():
 def test_torch_executor_four_ranks_complete_every_request():  # issue 4: serve --dp-size 4 on CPU, gate on
     result = run(
         [
-            "--dp-size",
-            "4",
-            "--enable-dp-attention",
-            "--prefill-attempt-interval",
-            "4",
-            "--prefill-any-attempt-interval",
-            "16",
+            *("--dp-size", "4"),
+            *GATE,
             "--requests",
             "120",
             "--rate",
