@@ -30,7 +30,7 @@ test: setup lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m control.demo
+	$(PY) -m control.host.demo
 
 lab: setup
 	$(VENV)/bin/prefill-gate lab

@@ -66,8 +66,8 @@ class ReplayBackend:
     def now(self) -> float:
         return time.perf_counter() - self._started
 
-    def poll(self):  # -> control.backends.Polled
-        from control.backends import Polled
+    def poll(self):  # -> control.host.backends.Polled
+        from control.host.backends import Polled
 
         polled = Polled(stopped=self._stopping)
         due = min(int(self.now() * self.hz), self.published + 64)  # never a burst bigger than 64 ms
@@ -102,8 +102,8 @@ class ReplayBackend:
 async def serve(ranks: int, hz: float) -> None:
     """Run the server until SIGTERM; prints `READY HOST:PORT` once it listens."""
     from console.sample import sample_args, sample_engine_records
-    from control.controller import Controller
-    from control.grpc_server import ControlPlane, PlaneOptions
+    from control.host.controller import Controller
+    from control.plane.grpc_server import ControlPlane, PlaneOptions
 
     backend = ReplayBackend(sample_engine_records(ranks, 400), hz)
     controller = Controller(sample_args(ranks), backend, stop_when_idle=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ServerArgs
-from engine.procs import ProcessDriver, RankExited, RankFailed, RankRound
+from engine.drivers.procs import ProcessDriver, RankExited, RankFailed, RankRound
 from engine.request import Finished, RequestSpec, Submit
 from engine.rows import Row, decode_rows
 

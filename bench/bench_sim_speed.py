@@ -17,8 +17,8 @@ from pathlib import Path
 
 from engine.executor.presets import preset_named
 from engine.metrics import Summary
-from engine.scenarios import scenario
-from engine.simrun import SimExtra, run_sim
+from lab.scenarios import scenario
+from lab.simrun import SimExtra, run_sim
 
 RESULTS = Path(__file__).parent / "results" / "sim_speed.md"
 GOAL_S = 60.0

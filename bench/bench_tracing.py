@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from control.backends import Backend, ProcessBackend, SimBackend
-from control.controller import Controller
-from control.telemetry_cli import (
+from control.host.backends import Backend, ProcessBackend, SimBackend
+from control.host.controller import Controller
+from control.telemetry.telemetry_cli import (
     DEFAULT_SAMPLE_RATE,
     add_telemetry_args,
     attach_telemetry,
@@ -35,7 +35,7 @@ from control.telemetry_cli import (
     trace_spans_dropped,
 )
 from engine.config import ServerArgs
-from engine.workload import ClosedLoop, Fixed, Workload
+from workloads import ClosedLoop, Fixed, Workload
 
 RESULTS = Path(__file__).parent / "results" / "tracing.md"
 CONFIGS = (("off", None), ("default", DEFAULT_SAMPLE_RATE), ("100%", 1.0))

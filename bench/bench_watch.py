@@ -31,12 +31,12 @@ from pathlib import Path
 
 import grpc
 
-from control.backends import SimBackend
-from control.controller import Controller
-from control.grpc_server import ControlPlane, PlaneOptions
+from control.host.backends import SimBackend
+from control.host.controller import Controller
+from control.plane.grpc_server import ControlPlane, PlaneOptions
 from engine.config import ServerArgs
-from engine.workload import ClosedLoop, Uniform, Workload
 from prefill_gate.v1 import telemetry_pb2, telemetry_pb2_grpc
+from workloads import ClosedLoop, Uniform, Workload
 
 RESULTS = Path(__file__).parent / "results" / "watch.md"
 NOTES = [
@@ -57,7 +57,7 @@ NOTES = [
     "  default keeps the engine first.",
     "- Lag of hundreds of ms where subscribers fall behind is HTTP/2 buffering with gRPC's default receive",
     "  window (BDP probing): a client that wants fresh records keeps its window small",
-    "  (`control.ctl.FRESH_STREAM_OPTIONS`, as `ctl watch` does) and asks for LATEST_ONLY if the newest will do.",
+    "  (`control.plane.ctl.FRESH_STREAM_OPTIONS`, as `ctl watch` does) and asks for LATEST_ONLY if the newest will do.",
 ]
 
 

@@ -10,8 +10,8 @@ from typing import TextIO
 from console.endpoint import Endpoint, TargetError
 from console.hangup import watch_for_hangup
 from console.source import GrpcSource, ReplaySource, Source
-from control.auth import DEFAULT_PORT, TOKEN_ENV
-from control.recording import RecordingError
+from control.plane.auth import DEFAULT_PORT, TOKEN_ENV
+from control.plane.recording import RecordingError
 
 
 def add_console_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

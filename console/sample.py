@@ -1,7 +1,7 @@
 """Seeded simulator runs in the wire form the console reads: for tests, the benchmark and the docs.
 
 The records come from the real lockstep simulator (the same engine code a server runs) converted by
-`control.convert`, so the console is exercised on fields the engine actually emits. Only the wall-clock
+`control.plane.convert`, so the console is exercised on fields the engine actually emits. Only the wall-clock
 stamp is rewritten, from the virtual clock, so that two runs of the same seed are byte-identical.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from engine.config import ServerArgs
 from engine.record import RoundRecord
-from engine.simrun import run_sim
-from engine.workload import ClosedLoop, LogNormal, Workload
+from lab.simrun import run_sim
 from prefill_gate.v1 import types_pb2 as pb
+from workloads import ClosedLoop, LogNormal, Workload
 
 SAMPLE_RUN_ID = "sample-run"
 # 2026-01-01T00:00:00Z: a fixed epoch for the rewritten wall clock.
@@ -60,7 +60,7 @@ def sample_engine_records(dp_size: int, rounds: int, *, seed: int = 7) -> list[R
 
 def sample_records(dp_size: int, rounds: int, *, seed: int = 7, run_id: str = SAMPLE_RUN_ID) -> list[pb.RoundRecord]:
     """`rounds` records of a seeded simulated run of `dp_size` ranks; deterministic to the byte."""
-    from control.convert import round_record  # the control plane's converter: one mapping, one contract
+    from control.plane.convert import round_record  # the control plane's converter: one mapping, one contract
 
     out = []
     for record in sample_engine_records(dp_size, rounds, seed=seed):

@@ -19,7 +19,7 @@ from console.admin import AdminClient
 from console.endpoint import Endpoint, describe_rpc_error
 from console.state import Link
 from console.store import TIMELINE
-from control.recording import RecordingError, RecordingReader
+from control.plane.recording import RecordingError, RecordingReader
 from prefill_gate.v1 import telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 

@@ -7,8 +7,8 @@ import dataclasses
 import sys
 
 from engine.config import ServerArgs
-from engine.executor.calibrate import COEFFICIENTS, calibrate_torch
 from engine.executor.presets import save_preset
+from lab.calibrate import COEFFICIENTS, calibrate_torch
 
 
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -11,12 +11,12 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from console.cli import add_console_parser, console_main
 from control.calibrate_cli import add_calibrate_parser, calibrate_main
-from control.ctl import add_ctl_parser, ctl_main
-from control.grpc_server import add_server_args, attach_grpc, check_server_args
-from control.serve import Attachment, add_run_args, serve_main
-from control.telemetry_cli import add_telemetry_args, attach_telemetry
+from control.host.serve import Attachment, add_run_args, serve_main
+from control.plane.ctl import add_ctl_parser, ctl_main
+from control.plane.grpc_server import add_server_args, attach_grpc, check_server_args
+from control.telemetry.telemetry_cli import add_telemetry_args, attach_telemetry
 from engine.config import ServerArgs
-from engine.lab.cli import add_lab_parser, lab_main
+from lab.cli import add_lab_parser, lab_main
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -13,10 +13,10 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from control.auth import bearer_metadata
-from control.backends import Backend, SimBackend
-from control.controller import Controller
-from control.grpc_server import ControlPlane, PlaneOptions
+from control.host.backends import Backend, SimBackend
+from control.host.controller import Controller
+from control.plane.auth import bearer_metadata
+from control.plane.grpc_server import ControlPlane, PlaneOptions
 from engine.config import ServerArgs
 from prefill_gate.v1 import admin_pb2_grpc, requests_pb2_grpc, telemetry_pb2_grpc
 

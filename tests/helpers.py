@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config import ServerArgs
-from engine.lockstep import LockstepDriver
+from engine.drivers.lockstep import LockstepDriver
 from engine.rank import RoundOutcome
 from engine.request import RequestSpec
 

@@ -15,7 +15,7 @@ from console.cli import add_console_parser, console_main
 from console.sample import sample_records
 from console.source import ReplaySource
 from console.state import Link
-from control.recording import RecordingWriter
+from control.plane.recording import RecordingWriter
 from prefill_gate.v1 import types_pb2 as pb
 
 RECORDS = 40

@@ -32,9 +32,9 @@ from console.screens.rank_detail import RankDetail
 from console.source import GrpcSource
 from console.state import Link
 from console.widgets import RankGrid
-from control.backends import SimBackend
-from control.controller import Controller
-from control.grpc_server import ControlPlane, PlaneOptions
+from control.host.backends import SimBackend
+from control.host.controller import Controller
+from control.plane.grpc_server import ControlPlane, PlaneOptions
 
 TOKEN = "console-test-token"
 DP_SIZE = 4

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from control.auth import TOKEN_ENV
-from control.ctl import add_ctl_parser, ctl_main
-from engine.procs import free_port
+from control.plane.auth import TOKEN_ENV
+from control.plane.ctl import add_ctl_parser, ctl_main
+from engine.drivers.procs import free_port
 from tests.grpc_plane import TOKEN, serving
 from tests.helpers import sim_args
 

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from engine.config import ServerArgs
+from engine.drivers.procs import free_port
 from engine.executor.dispatch import AllToAllDispatcher, LowLatencyCapacityError
 from engine.executor.model import MoEModel, build_weights, combine_in_slot_order
-from engine.procs import free_port
 
 RANKS = 2
 

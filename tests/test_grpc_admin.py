@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control.controller import MAX_INTERVAL
+from control.host.controller import MAX_INTERVAL
 from engine.scheduler.pool import pages_for
 from prefill_gate.v1 import admin_pb2, requests_pb2, telemetry_pb2
 from tests.grpc_plane import TOKEN, bad_fields, serving

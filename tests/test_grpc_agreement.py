@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from control.backends import ProcessBackend
+from control.host.backends import ProcessBackend
 from prefill_gate.v1 import admin_pb2, requests_pb2, telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 from tests.grpc_plane import serving

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from control.backends import SimBackend
-from control.trace_export import close_shared, parse_otlp_endpoint
-from engine.procs import free_port
+from control.host.backends import SimBackend
+from control.telemetry.trace_export import close_shared, parse_otlp_endpoint
+from engine.drivers.procs import free_port
 from prefill_gate.v1 import admin_pb2, requests_pb2, telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 from tests.grpc_plane import serving
@@ -48,7 +48,7 @@ async def test_a_real_run_fills_every_field_of_the_round_record():  # contract t
     endpoint = f"127.0.0.1:{free_port()}"
     backend = SimBackend(
         args,
-        observer="control.tracing:rank_observer",
+        observer="control.telemetry.tracing:rank_observer",
         observer_kwargs={
             "endpoint": endpoint,
             "run_id": "contract",

@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 
-from control.backends import ProcessBackend
+from control.host.backends import ProcessBackend
 from engine.config import ServerArgs
 from prefill_gate.v1 import requests_pb2
 from tests.grpc_plane import serving

@@ -17,10 +17,10 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from control.auth import DEFAULT_PORT, TOKEN_ENV
-from control.backends import SimBackend
-from control.controller import Controller
-from control.grpc_server import SERVICE_NAMES, ControlPlane, PlaneOptions, add_server_args, check_server_args
+from control.host.backends import SimBackend
+from control.host.controller import Controller
+from control.plane.auth import DEFAULT_PORT, TOKEN_ENV
+from control.plane.grpc_server import SERVICE_NAMES, ControlPlane, PlaneOptions, add_server_args, check_server_args
 from engine.request import RequestSpec
 from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, requests_pb2, telemetry_pb2
 from tests.grpc_plane import TOKEN, serving

@@ -9,13 +9,13 @@ import time
 import grpc
 import pytest
 
-from control import services
-from control.backends import SimBackend
-from engine.workload import ClosedLoop, Fixed, Workload
+from control.host.backends import SimBackend
+from control.plane import services
 from prefill_gate.v1 import telemetry_pb2, telemetry_pb2_grpc
 from prefill_gate.v1 import types_pb2 as pb
 from tests.grpc_plane import bad_fields, serving
 from tests.helpers import sim_args
+from workloads import ClosedLoop, Fixed, Workload
 
 LATEST_ONLY = telemetry_pb2.WATCH_MODE_LATEST_ONLY
 # A reader that does not buffer ahead: with gRPC's default receive window (BDP probing) megabytes of

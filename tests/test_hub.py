@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from control.backends import SimBackend
-from control.controller import MAX_INTERVAL, ConfigRejected, Controller, RequestRejected
-from control.hub import OutOfHistory, RoundHub
+from control.host.backends import SimBackend
+from control.host.controller import MAX_INTERVAL, ConfigRejected, Controller, RequestRejected
+from control.plane.hub import OutOfHistory, RoundHub
 from engine.gate import GatePoint
 from engine.record import RoundRecord
 from engine.request import RequestSpec

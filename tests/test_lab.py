@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from engine.executor.presets import preset_named
-from engine.lab.cli import add_lab_arguments, lab_main, main
-from engine.lab.phase import PhaseStats, phase_stats, thin_series
-from engine.lab.report import (
+from engine.metrics import RunMetrics
+from engine.rows import Row
+from lab.cli import add_lab_arguments, lab_main, main
+from lab.phase import PhaseStats, phase_stats, thin_series
+from lab.report import (
     METRIC_BY_KEY,
     Better,
     compare,
@@ -22,10 +24,8 @@ from engine.lab.report import (
     same_requests,
     verdict,
 )
-from engine.lab.runner import Cell, CellSpec, LabConfig, OracleFigures, run_cells, run_lab
-from engine.lab.sweep import SweepPoint, grid, pick_best, sweep_specs
-from engine.metrics import RunMetrics
-from engine.rows import Row
+from lab.runner import Cell, CellSpec, LabConfig, OracleFigures, run_cells, run_lab
+from lab.sweep import SweepPoint, grid, pick_best, sweep_specs
 
 SMALL = LabConfig(
     scenarios=("scattered", "long-chunked-offset"),
@@ -206,7 +206,7 @@ def test_bad_input_is_one_line_and_exit_two(argv, message, capsys, tmp_path):
 def test_bad_input_from_the_command_line_has_no_traceback():
     # Bad input end to end: the module entry point exits 2 with argparse's or the lab's message only.
     for argv in (["--scenarios", "sparse"], ["--scale", "abc"]):
-        done = subprocess.run([sys.executable, "-m", "engine.lab", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "lab", *argv], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr and "error" in done.stderr
 
 

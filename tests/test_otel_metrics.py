@@ -7,12 +7,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from control.backends import SimBackend
-from control.controller import Controller
-from control.telemetry_cli import ENDPOINT_ENV, attach_telemetry
-from engine.workload import ClosedLoop, Fixed, Workload
+from control.host.backends import SimBackend
+from control.host.controller import Controller
+from control.telemetry.telemetry_cli import ENDPOINT_ENV, attach_telemetry
 from tests.helpers import sim_args
 from tests.test_tracing import OtlpReceiver, telemetry_ns
+from workloads import ClosedLoop, Fixed, Workload
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -8,7 +8,7 @@ import pytest
 
 from engine.build import build_engine
 from engine.config import PrefillDelay, ServerArgs
-from engine.lockstep import LockstepDriver
+from engine.drivers.lockstep import LockstepDriver
 from engine.policies.registry import DEFAULT_LOCAL_INTERVAL, POLICIES, make_policy, policy_args
 from engine.policy import LocalView
 from engine.request import Admitted, Finished

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from engine.config import PrefillDelay
-from engine.procs import ProcessDriver, RankExited, RankRound
+from engine.drivers.procs import ProcessDriver, RankExited, RankRound
 from engine.request import Finished, Submit
 from tests.helpers import req, sim_args
 

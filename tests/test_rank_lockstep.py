@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import PrefillDelay
+from engine.drivers.lockstep import LockstepDriver
 from engine.gate import GatePoint
 from engine.group import CollectiveError
-from engine.lockstep import LockstepDriver
 from engine.request import Admitted, Finished
 from tests.helpers import req, run_rounds, sim_args
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from control.recording import MAGIC, RecordingError, RecordingReader, RecordingWriter, encode_varint, read_recording
+from control.plane.recording import (
+    MAGIC,
+    RecordingError,
+    RecordingReader,
+    RecordingWriter,
+    encode_varint,
+    read_recording,
+)
 from prefill_gate.v1 import telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 from tests.grpc_plane import serving

@@ -7,8 +7,8 @@ from itertools import pairwise
 import pytest
 
 from engine.policy import UngatedPolicy
-from engine.scenarios import LAB_SCENARIOS, scenario, scenario_names
-from engine.simrun import run_sim
+from lab.scenarios import LAB_SCENARIOS, scenario, scenario_names
+from lab.simrun import run_sim
 
 PEERS_NAMES = ("scattered", "bursty", "osl-variance", "skewed", "kv-pressure", "long-chunked", "long-osl", "low-load")
 GATE = {"prefill_attempt_interval": 8, "prefill_any_attempt_interval": 32}

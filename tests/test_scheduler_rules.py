@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from engine.drivers.lockstep import LockstepDriver
 from engine.executor.base import DispatchMode, ForwardResult
 from engine.gate import GatePoint
-from engine.lockstep import LockstepDriver
 from engine.policies.local_interval import LocalIntervalPolicy
 from engine.policy import LocalView
 from engine.request import Admitted, Finished, RequestError, Retracted

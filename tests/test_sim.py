@@ -9,8 +9,8 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import ServerArgs
+from engine.drivers.lockstep import LockstepDriver
 from engine.executor.base import DispatchMode
-from engine.executor.calibrate import COEFFICIENTS, fit_error, fit_preset, nnls
 from engine.executor.presets import (
     DEFAULT_PRESET,
     PRESETS,
@@ -22,11 +22,11 @@ from engine.executor.presets import (
     save_preset,
 )
 from engine.executor.sim import SimExecutor
-from engine.lockstep import LockstepDriver
 from engine.policy import UngatedPolicy
-from engine.simrun import run_sim
-from engine.workload import Fixed, Poisson, Workload
+from lab.calibrate import COEFFICIENTS, fit_error, fit_preset, nnls
+from lab.simrun import run_sim
 from tests.helpers import req, sim_args
+from workloads import Fixed, Poisson, Workload
 
 
 def eight_ranks(**extra) -> ServerArgs:
@@ -290,7 +290,7 @@ def test_nnls_solutions_meet_the_optimality_conditions():  # KKT: x >= 0, no des
 
 def test_short_real_calibration_of_the_torch_executor():  # calibrate_torch on this machine's CPU
     pytest.importorskip("engine.executor.torch_exec")
-    from engine.executor.calibrate import calibrate_torch
+    from lab.calibrate import calibrate_torch
 
     result = calibrate_torch(rounds=80, timeout_s=240)
     assert result.samples == 80 and result.extend_samples > 0

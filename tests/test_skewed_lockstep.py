@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from engine.drivers.lockstep import LockstepDriver
 from engine.gate import GatePoint
-from engine.lockstep import LockstepDriver
 from tests.helpers import req, sim_args
 
 

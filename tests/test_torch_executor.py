@@ -18,11 +18,11 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.config import ServerArgs
+from engine.drivers.procs import ProcessDriver, RankExited, RankFailed, RankRound, free_port
 from engine.executor.base import DispatchMode, dispatch_mode
 from engine.executor.kv_cache import PagedKVCache
 from engine.executor.model import reference_generate, synthetic_prompt_tokens
 from engine.executor.torch_exec import TRACE_ENV, decode_buckets
-from engine.procs import ProcessDriver, RankExited, RankFailed, RankRound, free_port
 from engine.record import RoundRecord
 from engine.request import Finished, FirstToken, RequestSpec, Retracted, Submit, Tokens
 from engine.rows import Row

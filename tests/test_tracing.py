@@ -16,10 +16,10 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from control.backends import ProcessBackend, SimBackend
-from control.controller import Controller
-from control.serve import run_serve
-from control.telemetry_cli import (
+from control.host.backends import ProcessBackend, SimBackend
+from control.host.controller import Controller
+from control.host.serve import run_serve
+from control.telemetry.telemetry_cli import (
     ENDPOINT_ENV,
     RANK_OBSERVER,
     add_telemetry_args,
@@ -28,8 +28,8 @@ from control.telemetry_cli import (
     telemetry_settings,
     trace_spans_dropped,
 )
-from control.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
-from control.tracing import (
+from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
+from control.telemetry.tracing import (
     RoundSampler,
     SampleReason,
     forget_run,
@@ -44,8 +44,8 @@ from control.tracing import (
     span_context,
 )
 from engine.rows import Row
-from engine.workload import ClosedLoop, Fixed, Workload
 from tests.helpers import sim_args
+from workloads import ClosedLoop, Fixed, Workload
 
 # -- a real OTLP/gRPC receiver ----------------------------------------------------------------------
 
@@ -241,7 +241,7 @@ def test_endpoint_forms_env_fallback_and_other_flags(monkeypatch):
 def test_unreachable_collector_loses_spans_countably_and_offers_never_wait():
     # Bad input: nothing listens at the endpoint. Offering is immediate, a full queue refuses whole
     # offers, a failed export counts its spans, and flush and close are bounded.
-    from engine.procs import free_port
+    from engine.drivers.procs import free_port
 
     endpoint = parse_otlp_endpoint(f"127.0.0.1:{free_port()}")
     shipper = build_shipper(endpoint, ShipperConfig(max_queue_spans=8, batch_spans=4, export_timeout_s=2.0))

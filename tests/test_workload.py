@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.workload import (
+from workloads import (
     Bursts,
     ClosedLoop,
     Fixed,

@@ -1,0 +1,1 @@
+"""Hosting the engine: the controller, its backends, `serve` and the demo."""

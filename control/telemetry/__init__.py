@@ -1,0 +1,1 @@
+"""Telemetry: OpenTelemetry round and request spans, OTLP export, metrics."""

@@ -1,0 +1,254 @@
+"""Telemetry flags of `serve` and their wiring: rank observers, controller spans, metrics.
+
+`rank_observer_spec` gives the backends the observer factory for the ranks (None when tracing is off:
+then no observer is installed and the rounds pay nothing). `attach_telemetry` is a `serve` attachment:
+it wraps the controller's backend so that every poll also feeds the controller's spans and the
+metrics, and returns the coroutine that flushes and stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from control.host.backends import Backend, Polled
+from control.telemetry.trace_controller import ControllerTracer
+from control.telemetry.trace_export import OtlpEndpoint, close_shared, parse_otlp_endpoint, shared_shipper
+from control.telemetry.tracing import forget_run
+from engine.config import PrefillDelay
+from engine.request import RequestSpec
+
+if TYPE_CHECKING:
+    from control.host.controller import Controller
+
+ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+DEFAULT_SAMPLE_RATE = 0.01
+RANK_OBSERVER = "control.telemetry.tracing:rank_observer"
+_log = logging.getLogger("prefill_gate.telemetry")
+
+
+def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
+    """--otlp-endpoint, --trace-sample-rate, --no-otlp-metrics, --metrics-port, --metrics-addr."""
+    group = parser.add_argument_group("telemetry")
+    group.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help=f"OTLP/gRPC collector for traces and metrics, e.g. http://localhost:4317 (Jaeger); default: "
+        f"${ENDPOINT_ENV}, else tracing is off",
+    )
+    group.add_argument(
+        "--trace-sample-rate",
+        type=float,
+        default=DEFAULT_SAMPLE_RATE,
+        help="share of ordinary rounds traced; rounds that open a window, change config or cross the "
+        "watermark are always traced (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-otlp-metrics",
+        dest="otlp_metrics",
+        action="store_false",
+        help="send only traces to the OTLP endpoint (Jaeger takes no metrics); Prometheus is unaffected",
+    )
+    group.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    group.add_argument(
+        "--metrics-addr", default="127.0.0.1", help="metrics endpoint address (default: %(default)s, loopback)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    """The telemetry flags, validated."""
+
+    endpoint: OtlpEndpoint | None
+    sample_rate: float
+    metrics_port: int | None
+    metrics_addr: str
+    otlp_metrics: bool = True
+
+    @property
+    def tracing(self) -> bool:
+        """Whether spans are exported at all."""
+        return self.endpoint is not None
+
+    @property
+    def metrics_endpoint(self) -> OtlpEndpoint | None:
+        """Where metrics are pushed over OTLP, if anywhere."""
+        return self.endpoint if self.otlp_metrics else None
+
+    @property
+    def metrics(self) -> bool:
+        """Whether metrics are kept (scraped or pushed)."""
+        return self.metrics_port is not None or self.metrics_endpoint is not None
+
+
+def telemetry_settings(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> TelemetrySettings:
+    """Validate the flags; raises ValueError naming the flag (or environment variable) at fault."""
+    env = os.environ if environ is None else environ
+    flag = getattr(ns, "otlp_endpoint", None)
+    if flag is not None:
+        endpoint = parse_otlp_endpoint(flag, "--otlp-endpoint")
+    elif env.get(ENDPOINT_ENV):
+        endpoint = parse_otlp_endpoint(env[ENDPOINT_ENV], ENDPOINT_ENV)
+    else:
+        endpoint = None
+    rate = getattr(ns, "trace_sample_rate", DEFAULT_SAMPLE_RATE)
+    if not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"--trace-sample-rate must be in [0, 1], got {rate!r}")
+    port = getattr(ns, "metrics_port", None)
+    if port is not None and not 0 <= port <= 65535:
+        raise ValueError(f"--metrics-port must be in [0, 65535] (0: any free port), got {port}")
+    addr = getattr(ns, "metrics_addr", "127.0.0.1")
+    return TelemetrySettings(endpoint, float(rate), port, addr, bool(getattr(ns, "otlp_metrics", True)))
+
+
+def rank_observer_spec(ns: argparse.Namespace, run_id: str, dp_size: int) -> tuple[str, dict[str, Any]] | None:
+    """The round observer factory and its kwargs for the backends; None when tracing is off.
+
+    Raises ValueError on a malformed endpoint or rate, so a bad flag stops `serve` before any rank starts.
+    """
+    settings = telemetry_settings(ns)
+    if settings.endpoint is None:
+        return None
+    kwargs: dict[str, Any] = {
+        "endpoint": settings.endpoint.url,
+        "run_id": run_id,
+        "sample_rate": settings.sample_rate,
+        "max_rounds": getattr(ns, "rounds", None),
+    }
+    return RANK_OBSERVER, kwargs
+
+
+class Sink(Protocol):
+    """Something fed from every poll of the backend (controller spans, metrics)."""
+
+    def submitted(self, rank: int, spec: RequestSpec) -> None: ...
+    def polled(self, polled: Polled) -> None: ...
+
+
+class TelemetryBackend:
+    """The controller's backend with telemetry sinks watching it; everything else passes through.
+
+    A sink that raises is logged and skipped: telemetry must never stop the engine.
+    """
+
+    def __init__(self, inner: Backend, sinks: list[Sink], spans_dropped: Callable[[], int]) -> None:
+        self.inner = inner
+        self.sinks = sinks
+        self.dp_size = inner.dp_size
+        self._controller_spans_dropped = spans_dropped
+
+    def __getattr__(self, name: str) -> Any:  # feeder, driver, args ... of the wrapped backend
+        return getattr(self.inner, name)
+
+    @property
+    def controller_spans_dropped(self) -> int:
+        """Spans the controller (round roots, requests) could not export."""
+        return self._controller_spans_dropped()
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def submit(self, rank: int, spec: RequestSpec) -> None:
+        self._feed("submitted", rank, spec)
+        self.inner.submit(rank, spec)
+
+    def abort(self, rank: int, rid: str) -> None:
+        self.inner.abort(rank, rid)
+
+    def propose(self, epoch: int, delay: PrefillDelay | None) -> None:
+        self.inner.propose(epoch, delay)
+
+    def request_stop(self) -> None:
+        self.inner.request_stop()
+
+    def poll(self) -> Polled:
+        polled = self.inner.poll()
+        if polled.records or polled.events or polled.submitted or polled.itl:
+            self._feed("polled", polled)
+        return polled
+
+    def records_dropped(self) -> int:
+        return self.inner.records_dropped()
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _feed(self, method: str, *args: Any) -> None:
+        for sink in self.sinks:
+            try:
+                getattr(sink, method)(*args)
+            except Exception:
+                _log.exception("telemetry sink %s failed; the engine continues", type(sink).__name__)
+
+
+def trace_spans_dropped(controller: Controller) -> int:
+    """Spans lost in all: every rank's count (from its latest row) plus the controller's.
+
+    What `RunStats.trace_spans_dropped` should show; 0 when tracing is off.
+    """
+    ranks = sum(row.spans_dropped for row in controller.latest.rows) if controller.latest is not None else 0
+    backend = controller.backend
+    own = backend.controller_spans_dropped if isinstance(backend, TelemetryBackend) else 0
+    return ranks + own
+
+
+async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Callable[[], Awaitable[None]]:
+    """`serve` attachment: controller root and request spans, and metrics, as the flags ask."""
+    settings = telemetry_settings(ns)
+    sinks: list[Sink] = []
+    tracer = None
+    metrics = None
+    if settings.tracing:
+        assert settings.endpoint is not None
+        tracer = ControllerTracer(
+            controller.run_id,
+            settings.sample_rate,
+            shared_shipper(settings.endpoint),
+            dp_size=controller.backend.dp_size,
+            virtual_clock=controller.args.executor == "sim",
+        )
+        sinks.append(tracer)
+    if settings.metrics:
+        from control.telemetry.otel_metrics import GateMetrics
+
+        metrics = GateMetrics(
+            run_id=controller.run_id,
+            dp_size=controller.backend.dp_size,
+            metrics_port=settings.metrics_port,
+            metrics_addr=settings.metrics_addr,
+            otlp=settings.metrics_endpoint,
+            spans_dropped=(lambda: trace_spans_dropped(controller)) if settings.tracing else None,
+        )
+        sinks.append(metrics)
+    if sinks:
+        controller.backend = TelemetryBackend(
+            controller.backend, sinks, (lambda: tracer.dropped) if tracer is not None else (lambda: 0)
+        )
+        parts = []
+        if settings.endpoint is not None:
+            parts.append(f"traces to {settings.endpoint.url} (sample rate {settings.sample_rate:g})")
+        if metrics is not None and metrics.port is not None:
+            parts.append(f"metrics on http://{settings.metrics_addr}:{metrics.port}/metrics")
+        print("telemetry: " + ", ".join(parts), file=sys.stderr, flush=True)
+
+    async def stop() -> None:
+        loop = asyncio.get_running_loop()
+        if tracer is not None:
+            tracer.close()
+            forget_run(controller.run_id)
+        if metrics is not None:
+            await loop.run_in_executor(None, metrics.close)
+        if settings.endpoint is not None:
+            # Flushing waits on the collector: off the event loop, and bounded.
+            await loop.run_in_executor(None, close_shared, settings.endpoint, 2.0)
+
+    return stop

@@ -1,0 +1,411 @@
+"""OpenTelemetry traces of the gate: one trace per sampled round across every rank, one span per request.
+
+Round context without communication: every rank (and the controller) derives round r's trace id and
+the id of its root span from a hash of `(run_id, r)`, and decides whether to trace the round with the
+same function of data they all hold (the gathered rows and the trace id). So the ranks' `gate.round`
+spans of one round land in one trace, under a root span that the controller exports with the same
+derived id, and no rank ever asks another anything.
+
+    round                      (controller: the gathered decision)
+    ├── gate.round  rank 0     (point, open, counter, want/decodes, occupancy, epoch of this rank)
+    │   ├── plan
+    │   ├── all-gather
+    │   └── forward
+    └── gate.round  rank 1 ...
+
+Always traced: rounds whose vote opened a window, rounds that adopted a config epoch, and rounds in
+which some rank crossed the 0.9 watermark; any other round when `TraceIdRatioBased(rate)` samples its
+trace id. Spans are built after the round from the phase marks (explicit start and end times) as
+`ReadableSpan`s: the SDK tracer would cost ~65 us per rank-round against ~4 us here (measured), and it
+cannot take a span id we derived. The SDK version is pinned and the OTLP test checks the encoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from control.telemetry.trace_export import (
+    DEFAULT_EXPORT_TIMEOUT_S,
+    DEFAULT_QUEUE_SPANS,
+    DropCounter,
+    ShipperConfig,
+    SpanShipper,
+    parse_otlp_endpoint,
+    shared_shipper,
+)
+from engine.gate import GatePoint
+from engine.phases import MarkTimer, NullTimer
+from engine.rows import Row
+from engine.scheduler.plan import K_PREFILL_WATERMARK
+
+if TYPE_CHECKING:
+    from engine.rank import RankEngine, RoundOutcome
+
+DEFAULT_SERVICE = "prefill-gate"
+SCOPE = InstrumentationScope("prefill_gate.tracing", "0.1.0")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_ids = RandomIdGenerator()
+_log = logging.getLogger("prefill_gate.tracing")
+
+
+# -- round context -----------------------------------------------------------------------------------
+
+
+def _digest(kind: bytes, key: str, size: int) -> int:
+    value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=size, person=kind).digest(), "big")
+    return value or 1  # an all-zero id is invalid in OTLP
+
+
+def round_trace_id(run_id: str, round_: int) -> int:
+    """The trace id of round `round_` of run `run_id`, the same on every rank and the controller."""
+    return _digest(b"pg.round.trace", f"{run_id}/{round_}", 16)
+
+
+def round_root_span_id(run_id: str, round_: int) -> int:
+    """The span id of the round's root span (exported by the controller, parent of every rank's span)."""
+    return _digest(b"pg.round.root", f"{run_id}/{round_}", 8)
+
+
+def rank_span_id(run_id: str, round_: int, rank: int) -> int:
+    """The span id of `rank`'s `gate.round` span of the round (so request spans can link to it)."""
+    return _digest(b"pg.round.rank", f"{run_id}/{round_}/{rank}", 8)
+
+
+def request_trace_id(run_id: str, rid: str) -> int:
+    """The trace id of one request's span."""
+    return _digest(b"pg.request", f"{run_id}/{rid}", 16)
+
+
+class SampleReason(StrEnum):
+    """Why a round was traced (the first rule that applies)."""
+
+    OPEN = "open"  # the vote opened a window at an ANY or ALL point
+    CONFIG = "config"  # every rank adopted a new config epoch after this round's gather
+    WATERMARK = "watermark"  # some rank went above the 0.9 watermark this round
+    RATIO = "ratio"  # TraceIdRatioBased(--trace-sample-rate) sampled the trace id
+
+
+def hot_ranks(rows: Sequence[Row]) -> tuple[bool, ...]:
+    """Which ranks are above the 0.9 watermark (rule P1's threshold)."""
+    return tuple(row.occupancy > K_PREFILL_WATERMARK for row in rows)
+
+
+def crossed_watermark(hot: Sequence[bool], previous: Sequence[bool] | None) -> bool:
+    """Some rank is above the watermark now and was not in the previous round.
+
+    `previous` empty: there was no previous round. None: it is unknown (a record was lost), and any rank
+    above the watermark counts, so the controller never leaves a traced round without its root.
+    """
+    if previous is None:
+        return any(hot)
+    if not previous:
+        previous = (False,) * len(hot)
+    return any(now and not was for now, was in zip(hot, previous, strict=False))
+
+
+def sample_reason(
+    trace_id: int,
+    rows: Sequence[Row],
+    hot: Sequence[bool],
+    previous_hot: Sequence[bool] | None,
+    adopted_epoch: int | None,
+    ratio: TraceIdRatioBased,
+) -> SampleReason | None:
+    """Whether a round is traced: a pure function of what every rank and the controller hold alike.
+
+    `hot` / `previous_hot`: `hot_ranks` of this round's and the previous round's rows (see `crossed_watermark`).
+    """
+    if any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows):
+        return SampleReason.OPEN
+    if adopted_epoch:
+        return SampleReason.CONFIG
+    if crossed_watermark(hot, previous_hot):
+        return SampleReason.WATERMARK
+    # TraceIdRatioBased.should_sample's own test, without building its result objects every round.
+    if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < ratio.bound:
+        return SampleReason.RATIO
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundContext:
+    """A traced round: its derived ids and why it is traced."""
+
+    round: int
+    trace_id: int
+    root_span_id: int
+    reason: SampleReason
+
+    @property
+    def root(self) -> SpanContext:
+        """The root span's context, as a parent for the ranks' spans (another process exports it)."""
+        return SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=_SAMPLED)
+
+
+class RoundSampler:
+    """Decides round by round which rounds are traced; remembers the previous rows for the watermark rule.
+
+    Asked again for the round it just decided (the other ranks of a lockstep group), it answers from
+    memory, so a group in one process decides once per round. With `publish`, it also logs its decisions
+    for the run; a sampler without it (the controller's) takes a logged decision when the ranks run in
+    its own process (the simulator), instead of deciding the same round again.
+    """
+
+    def __init__(self, run_id: str, sample_rate: float, *, publish: bool = False) -> None:
+        self.run_id = run_id
+        self.ratio = TraceIdRatioBased(sample_rate)
+        self._publish = publish
+        self._log = _decision_logs.setdefault(run_id, {})
+        self._round = -1
+        self._hot: tuple[bool, ...] | None = ()
+        self._context: RoundContext | None = None
+
+    def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
+        """The round's context when it is traced, else None."""
+        if round_ == self._round:
+            return self._context
+        if not self._publish:
+            logged = self._log.get(round_, _UNDECIDED)  # one lookup: the deciding thread may trim the log
+            if logged is not _UNDECIDED:
+                self._round, self._hot, self._context = round_, None, logged
+                return logged
+        if round_ == 0:
+            previous: tuple[bool, ...] | None = ()
+        else:
+            previous = self._hot if self._round == round_ - 1 else None
+        hot = hot_ranks(rows)
+        trace_id = round_trace_id(self.run_id, round_)
+        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio)
+        context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
+        self._round, self._hot, self._context = round_, hot, context
+        if self._publish:
+            self._log[round_] = context
+            self._log.pop(round_ - DECISION_MEMORY, None)
+        return context
+
+
+_decision_logs: dict[str, dict[int, RoundContext | None]] = {}
+_UNDECIDED: Any = object()
+DECISION_MEMORY = 8192  # rounds a published decision is kept (the controller trails the simulator by a few)
+
+
+def forget_run(run_id: str) -> None:
+    """Drop this process's per-run tracing state (decision log, rank samplers) once the run is over."""
+    _decision_logs.pop(run_id, None)
+    for key in [key for key in _rank_samplers if key[0] == run_id]:
+        del _rank_samplers[key]
+
+
+class StaticResource(Resource):
+    """A Resource that hashes once: the OTLP encoder hashes the resource of every span it encodes
+    (a JSON dump, ~5 us), and a rank's resource never changes."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+def make_span(
+    name: str,
+    context: SpanContext,
+    parent: SpanContext | None,
+    resource: Resource,
+    start_ns: int,
+    end_ns: int,
+    attributes: dict[str, object],
+    *,
+    events: Sequence[Event] = (),
+    links: Sequence[Link] = (),
+    status: Status | None = None,
+) -> ReadableSpan:
+    """A finished span with explicit times, ready to export."""
+    return ReadableSpan(
+        name=name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=attributes,  # type: ignore[arg-type]
+        events=events,
+        links=links,
+        kind=SpanKind.INTERNAL,
+        status=status or Status(StatusCode.UNSET),
+        start_time=start_ns,
+        end_time=max(start_ns, end_ns),
+        instrumentation_scope=SCOPE,
+    )
+
+
+def span_context(trace_id: int, span_id: int) -> SpanContext:
+    """The context of a span exported from this process (sampled)."""
+    return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+
+
+def new_span_id() -> int:
+    """A random span id (for spans nobody needs to find by derivation)."""
+    return _ids.generate_span_id()
+
+
+# -- the rank side -----------------------------------------------------------------------------------
+
+
+class RoundMarks(MarkTimer):
+    """MarkTimer without the per-phase totals: 1 us instead of 4 us a round (the sim's rank-round is ~30 us)."""
+
+    def start(self) -> None:
+        self.rounds += 1
+        self.marks = [("start", time.time_ns())]
+
+    def lap(self, phase: str) -> None:
+        self.marks.append((phase, time.time_ns()))
+
+
+class RankRoundTracer:
+    """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it."""
+
+    def __init__(
+        self,
+        engine: RankEngine,
+        sampler: RoundSampler,
+        shipper: SpanShipper,
+        resource: Resource,
+        *,
+        last_round: int | None = None,
+        flush_timeout_s: float = 2.0,
+    ) -> None:
+        self.rank = engine.rank
+        self.run_id = sampler.run_id
+        self.sampler = sampler
+        self.shipper = shipper
+        self.resource = resource
+        self.counter = DropCounter()
+        self.last_round = last_round
+        self.flush_timeout_s = flush_timeout_s
+        self._reported = False
+        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer); otherwise the lean marks do.
+        engine.timer = RoundMarks() if isinstance(engine.timer, NullTimer) else MarkTimer()
+
+    @property
+    def dropped(self) -> int:
+        """Spans of this rank that never reached the collector (published in the row as `spans_dropped`)."""
+        return self.counter.total
+
+    def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
+        """Trace the round if it is sampled; flush before the last round returns (the process ends next)."""
+        try:
+            context = self.sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
+            if context is not None and isinstance(engine.timer, MarkTimer) and len(engine.timer.marks) > 1:
+                self.shipper.offer(self._spans(context, engine.timer.marks, outcome), self.counter)
+            if outcome.stop or (self.last_round is not None and outcome.round >= self.last_round):
+                self.shipper.flush(self.flush_timeout_s)
+        except Exception:  # a tracing bug must never stop a rank: count the round's spans as lost
+            self.counter.refused += 4
+            if not self._reported:
+                self._reported = True
+                _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
+
+    def _spans(self, context: RoundContext, marks: list[tuple[str, int]], outcome: RoundOutcome) -> list[ReadableSpan]:
+        bounds = {phase: (start, end) for (_, start), (phase, end) in itertools.pairwise(marks)}
+        row = outcome.rows[self.rank]
+        decision = outcome.decision
+        own = span_context(context.trace_id, rank_span_id(self.run_id, context.round, self.rank))
+        attributes: dict[str, object] = {  # ~3 us each to encode: what a reader of the round needs, no more
+            "gate.rank": self.rank,
+            "gate.round": context.round,
+            "gate.point": GatePoint(decision.point).name,
+            "gate.open": decision.allow_prefill,
+            "gate.counter": decision.counter,
+            "gate.want_prefill": row.want_prefill,
+            "gate.has_decode_work": row.has_decode_work,
+            "gate.occupancy": round(row.occupancy, 4),
+            "gate.config_epoch": row.config_epoch,
+        }
+        if outcome.adopted_epoch:
+            attributes["gate.adopted_epoch"] = outcome.adopted_epoch
+        spans = [make_span("gate.round", own, context.root, self.resource, marks[0][1], marks[-1][1], attributes)]
+        # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
+        gather = bounds.get("gather") or bounds.get("observe")
+        plan = {
+            "gate.batch_size": row.batch_size,
+            "gate.num_extends": row.num_extends,
+            "gate.prefill_tokens": row.prefill_tokens,
+        }
+        gathered = {"gate.ranks": len(outcome.rows)} if "gather" in bounds else {"gate.lockstep": True}
+        children = (
+            ("plan", bounds.get("plan"), plan),
+            ("all-gather", gather, gathered),
+            ("forward", bounds.get("forward"), {"gate.dispatch": outcome.mode.name}),
+        )
+        for name, span_bounds, extra in children:
+            if span_bounds is not None:
+                child = span_context(context.trace_id, new_span_id())
+                spans.append(make_span(name, child, own, self.resource, span_bounds[0], span_bounds[1], extra))
+        return spans
+
+
+def rank_resource(run_id: str, rank: int, size: int, service_name: str = DEFAULT_SERVICE) -> Resource:
+    """Resource attributes of one rank's spans."""
+    return resource_of(
+        {
+            SERVICE_NAME: service_name,
+            SERVICE_INSTANCE_ID: f"{run_id}/rank{rank}",
+            "rank": rank,
+            "prefill_gate.run_id": run_id,
+            "prefill_gate.dp_size": size,
+        }
+    )
+
+
+def resource_of(attributes: dict[str, object]) -> StaticResource:
+    """`Resource.create` (SDK defaults, OTEL_RESOURCE_ATTRIBUTES) with our attributes winning, hashed once."""
+    return StaticResource(Resource.create(attributes))  # type: ignore[arg-type]
+
+
+_rank_samplers: dict[tuple[str, float], RoundSampler] = {}
+
+
+def rank_observer(
+    engine: RankEngine,
+    *,
+    endpoint: str,
+    run_id: str,
+    sample_rate: float,
+    max_rounds: int | None = None,
+    service_name: str = DEFAULT_SERVICE,
+    queue_spans: int = DEFAULT_QUEUE_SPANS,
+    export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S,
+    flush_timeout_s: float = 2.0,
+) -> RankRoundTracer:
+    """Observer factory a rank process (or the simulator) loads as `control.telemetry.tracing:rank_observer`.
+
+    The ranks of one process share one shipper and one sampler (a lockstep group decides each round once).
+    """
+    config = ShipperConfig(max_queue_spans=queue_spans, export_timeout_s=export_timeout_s)
+    shipper = shared_shipper(parse_otlp_endpoint(endpoint), config)
+    sampler = _rank_samplers.get((run_id, sample_rate))
+    if sampler is None:
+        sampler = _rank_samplers[(run_id, sample_rate)] = RoundSampler(run_id, sample_rate, publish=True)
+    return RankRoundTracer(
+        engine,
+        sampler,
+        shipper,
+        rank_resource(run_id, engine.rank, engine.size, service_name),
+        last_round=max_rounds - 1 if max_rounds else None,
+        flush_timeout_s=flush_timeout_s,
+    )

@@ -1,0 +1,361 @@
+"""The process driver: one OS process per rank, a real `torch.distributed` group, queues to the controller.
+
+Each rank process runs `rank_main`: join the group, build its `RankEngine`, then loop
+`drain inbox -> run_round -> publish` until rank 0 publishes a stop (every rank stops after the same
+round) or the round bound is reached. Request events travel on one unbounded queue (a request must
+never be lost); rank 0's round records travel on a bounded queue with drop counting, so the engine
+never waits for a slow consumer. Rank processes ignore SIGINT: the controller turns Ctrl-C into an
+agreed stop, and kills whatever does not stop in time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import PrefillDelay, ServerArgs
+from engine.drivers.lifeline import die_with_parent
+from engine.record import RoundRecord
+from engine.request import Command, ProposeConfig, RequestEvent, Stop
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a rank process needs besides its rank."""
+
+    args: ServerArgs
+    init_method: str
+    backend: str = "gloo"
+    max_rounds: int | None = None
+    vote_log_dir: str | None = None
+    idle_wait_s: float = 0.002
+    threads_per_rank: int = 1
+    profile_phases: bool = False
+    clock_origin: float | None = None  # the controller's perf_counter origin, shared by the ranks
+    # "module:function" called in the rank process as function(engine, **observer_kwargs) -> RoundObserver
+    observer: str | None = None
+    observer_kwargs: dict[str, Any] = field(default_factory=dict)
+    controller_pid: int = 0
+
+
+@dataclass(frozen=True)
+class RankReady:
+    """The rank joined the group and built its engine."""
+
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class RankRound:
+    """One round's request events and latency samples of a rank (sent only when non-empty)."""
+
+    rank: int
+    round: int
+    events: list[RequestEvent] = field(default_factory=list)
+    itl: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RankFailed:
+    """The rank's loop raised: `error` is one line, `detail` the traceback."""
+
+    rank: int
+    error: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RankExited:
+    """The rank left its loop cleanly after `rounds` rounds and `gathers` all-gathers; `phases` are
+    seconds per round phase when phase profiling was on."""
+
+    rank: int
+    rounds: int
+    gathers: int
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+RankMessage = RankReady | RankRound | RankFailed | RankExited
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_main(rank: int, spec: LaunchSpec, inbox: Any, events: Any, records: Any, dropped: Any) -> None:
+    """Body of one rank process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A controller killed outright (SIGKILL, OOM) must not leave its ranks stepping idle rounds forever.
+    die_with_parent(spec.controller_pid)
+    import torch
+
+    from engine.build import build_engine
+    from engine.clock import WallClock
+    from engine.group import TorchGroup
+    from engine.phases import PhaseTimer
+
+    torch.set_num_threads(spec.threads_per_rank)
+    args = spec.args
+    if args.device == "cuda":
+        # Without this every rank lands on cuda:0 and NCCL refuses the group.
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    group = None
+    engine = None
+    log = None
+    rounds = 0
+    try:
+        group = TorchGroup(
+            rank,
+            args.dp_size,
+            spec.init_method,
+            backend=spec.backend,
+            timeout_s=args.collective_timeout_s,
+            device=args.device,
+        )
+        clock = WallClock(spec.clock_origin) if args.executor != "sim" else None
+        engine = build_engine(rank, args, group=group, clock=clock)
+        if spec.profile_phases:
+            engine.timer = PhaseTimer()
+        if spec.observer:
+            engine.observer = load_object(spec.observer)(engine, **spec.observer_kwargs)
+        if spec.vote_log_dir:
+            log = (Path(spec.vote_log_dir) / f"rank{rank}.log").open("w")
+        events.put(RankReady(rank, os.getpid()))
+        while True:
+            _drain(inbox, engine.inbox)
+            outcome = engine.run_round(group)
+            rounds += 1
+            if log is not None:
+                d = outcome.decision
+                log.write(
+                    f"{outcome.round} {int(d.point)} {int(d.allow_prefill)} {d.counter} "
+                    f"{outcome.counter_after} {engine.epoch}\n"
+                )
+            if outcome.events or outcome.itl:
+                events.put(RankRound(rank, outcome.round, outcome.events, outcome.itl))
+            if outcome.record is not None:
+                try:
+                    records.put_nowait(outcome.record)
+                except queue.Full:
+                    with dropped.get_lock():
+                        dropped.value += 1
+            if outcome.stop or (spec.max_rounds is not None and rounds >= spec.max_rounds):
+                break
+            if outcome.all_idle and not engine.inbox:
+                _wait(inbox, engine.inbox, spec.idle_wait_s)
+        # Rank 0's last records reach the pipe before the goodbye that tells the controller to stop reading.
+        records.close()
+        records.join_thread()
+        events.put(RankExited(rank, rounds, group.gathers, dict(engine.timer.totals)))
+    except BaseException as exc:  # report anything, including a collective timeout, then exit non-zero
+        events.put(RankFailed(rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=6)))
+        events.close()
+        events.join_thread()
+        os._exit(1)
+    finally:
+        if log is not None:
+            log.close()
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.executor.close()  # frees DeepEP buffers and captured graphs
+        if group is not None:
+            with contextlib.suppress(Exception):
+                group.close()
+    events.close()
+    events.join_thread()
+    records.close()
+    records.join_thread()
+
+
+def load_object(path: str) -> Any:
+    """The object `module:name` names (picklable references to factories across processes)."""
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"expected 'module:name', got {path!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module_name), name)
+
+
+def _drain(source: Any, target: Any) -> None:
+    while True:
+        try:
+            target.append(source.get_nowait())
+        except queue.Empty:
+            return
+
+
+def _wait(source: Any, target: Any, seconds: float) -> None:
+    """An idle group sleeps briefly, waking as soon as a command arrives."""
+    try:
+        target.append(source.get(timeout=seconds))
+    except queue.Empty:
+        return
+
+
+class RankFailure(RuntimeError):
+    """A rank process failed or died; the message is one line naming the rank, `detail` the traceback."""
+
+    def __init__(self, rank: int, error: str, detail: str = "") -> None:
+        super().__init__(f"rank {rank} failed: {error}")
+        self.rank = rank
+        self.detail = detail
+
+
+class ProcessDriver:
+    """Spawns and supervises the rank processes of one group."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        *,
+        max_rounds: int | None = None,
+        vote_log_dir: str | None = None,
+        record_queue_size: int = 8192,
+        idle_wait_s: float = 0.002,
+        profile_phases: bool = False,
+        observer: str | None = None,
+        observer_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        import torch.multiprocessing as mp
+
+        cpus = os.cpu_count() or 1
+        if args.dp_size > max(64, 8 * cpus):
+            raise ValueError(
+                f"--dp-size {args.dp_size} is more rank processes than this machine can host "
+                f"({cpus} CPUs; at most {max(64, 8 * cpus)})"
+            )
+        self.args = args
+        self.clock_origin = time.perf_counter()
+        self._ctx = mp.get_context("spawn")
+        backend = "nccl" if args.device == "cuda" else "gloo"
+        self.spec = LaunchSpec(
+            args=args,
+            init_method=f"tcp://127.0.0.1:{free_port()}",
+            backend=backend,
+            max_rounds=max_rounds,
+            vote_log_dir=vote_log_dir,
+            idle_wait_s=idle_wait_s,
+            profile_phases=profile_phases,
+            clock_origin=self.clock_origin,
+            observer=observer,
+            observer_kwargs=observer_kwargs or {},
+            controller_pid=os.getpid(),
+        )
+        self.inboxes = [self._ctx.Queue() for _ in range(args.dp_size)]
+        self.events = self._ctx.Queue()
+        self.records = self._ctx.Queue(maxsize=record_queue_size)
+        self.records_dropped = self._ctx.Value("q", 0)
+        self.processes: list[Any] = []
+        self.exited: set[int] = set()
+
+    def start(self, ready_timeout_s: float = 180.0) -> list[RankMessage]:
+        """Spawn every rank and wait until all joined the group; returns messages read meanwhile."""
+        for rank in range(self.args.dp_size):
+            process = self._ctx.Process(
+                target=rank_main,
+                args=(rank, self.spec, self.inboxes[rank], self.events, self.records, self.records_dropped),
+                name=f"prefill-gate-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            self.processes.append(process)
+        ready: set[int] = set()
+        backlog: list[RankMessage] = []
+        deadline = time.monotonic() + ready_timeout_s
+        while len(ready) < self.args.dp_size:
+            self.raise_if_failed()
+            try:
+                message = self.events.get(timeout=0.2)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise RankFailure(min(set(range(self.args.dp_size)) - ready), "did not start in time") from None
+                continue
+            if isinstance(message, RankFailed):
+                raise RankFailure(message.rank, message.error, message.detail)
+            if isinstance(message, RankReady):
+                ready.add(message.rank)
+            else:
+                backlog.append(message)
+        return backlog
+
+    def send(self, rank: int, command: Command) -> None:
+        """Queue a command for `rank`'s next intake."""
+        self.inboxes[rank].put(command)
+
+    def propose(self, epoch: int, delay: PrefillDelay | None) -> None:
+        """Hand a validated config change to rank 0 (G1)."""
+        self.send(0, ProposeConfig(epoch, delay))
+
+    def request_stop(self) -> None:
+        """Every rank stops after the round in which rank 0 publishes the stop."""
+        self.send(0, Stop())
+
+    def poll_events(self, timeout_s: float = 0.0) -> list[RankMessage]:
+        """Messages from the ranks; waits up to `timeout_s` for the first one."""
+        out: list[RankMessage] = []
+        try:
+            out.append(self.events.get(timeout=timeout_s) if timeout_s > 0 else self.events.get_nowait())
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        for message in out:
+            if isinstance(message, RankExited):
+                self.exited.add(message.rank)
+        return out
+
+    def poll_records(self, limit: int = 100_000) -> list[RoundRecord]:
+        """Round records published by rank 0 since the last call."""
+        out: list[RoundRecord] = []
+        while len(out) < limit:
+            try:
+                out.append(self.records.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def raise_if_failed(self) -> None:
+        """Raise RankFailure naming the first rank process that died with a non-zero code."""
+        for rank, process in enumerate(self.processes):
+            code = process.exitcode
+            if code not in (None, 0):
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise RankFailure(rank, f"process {process.pid} ended ({how})")
+
+    def alive(self) -> bool:
+        """Whether any rank process still runs."""
+        return any(process.is_alive() for process in self.processes)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for every rank to exit; True when all did."""
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        return not self.alive()
+
+    def terminate(self) -> None:
+        """Kill every rank process that is still alive and reap them all."""
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+        for process in self.processes:
+            process.join(5)
+        for q in (*self.inboxes, self.events, self.records):
+            q.cancel_join_thread()
+            q.close()
