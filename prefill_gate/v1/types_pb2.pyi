@@ -67,18 +67,22 @@ class RankRow(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., num_tokens: _Optional[int] = ..., batch_size: _Optional[int] = ..., num_extends: _Optional[int] = ..., want_prefill: _Optional[bool] = ..., has_decode_work: _Optional[bool] = ..., planned_prefill: _Optional[bool] = ..., occupancy: _Optional[float] = ..., pool_pages_used: _Optional[int] = ..., pool_pages_usable: _Optional[int] = ..., resident_chunks: _Optional[int] = ..., waiting_prompts: _Optional[int] = ..., storage_reads: _Optional[int] = ..., retracted: _Optional[int] = ..., running: _Optional[int] = ..., config_epoch: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., pending_prefill_tokens: _Optional[int] = ..., retractions_total: _Optional[int] = ..., forward_us: _Optional[int] = ..., above_watermark: _Optional[bool] = ..., blocks_all: _Optional[bool] = ..., spans_dropped: _Optional[int] = ...) -> None: ...
 
 class GateConfig(_message.Message):
-    __slots__ = ("epoch", "attempt_interval", "any_interval", "enabled", "policy")
+    __slots__ = ("epoch", "attempt_interval", "any_interval", "enabled", "policy", "changed_by", "reason")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     ANY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     attempt_interval: int
     any_interval: int
     enabled: bool
     policy: str
-    def __init__(self, epoch: _Optional[int] = ..., attempt_interval: _Optional[int] = ..., any_interval: _Optional[int] = ..., enabled: _Optional[bool] = ..., policy: _Optional[str] = ...) -> None: ...
+    changed_by: str
+    reason: str
+    def __init__(self, epoch: _Optional[int] = ..., attempt_interval: _Optional[int] = ..., any_interval: _Optional[int] = ..., enabled: _Optional[bool] = ..., policy: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
     __slots__ = ("round", "unix_nanos", "counter", "point", "open", "counter_after", "all_decode_or_idle", "round_seconds", "ranks", "config", "dropped_before", "clock_seconds", "run_id", "adopted_epoch", "ranks_extending", "ranks_wanting", "ranks_blocking_all")
