@@ -36,7 +36,9 @@ def figure(value: float | None, fmt: str = "{:.1f}") -> str:
 class ThroughputPanel(Widget):
     """Output tokens/s, TTFT, gate wait, extend share and ranks per window."""
 
-    COMPONENT_CLASSES = {"throughput--title", "throughput--label", "throughput--value", "throughput--note"}
+    COMPONENT_CLASSES = {
+        "throughput--title", "throughput--label", "throughput--value", "throughput--note", "throughput--stale",
+    }
 
     DEFAULT_CSS = """
     ThroughputPanel {
@@ -49,6 +51,7 @@ class ThroughputPanel(Widget):
     ThroughputPanel > .throughput--label { color: $text-muted; }
     ThroughputPanel > .throughput--value { color: $text; text-style: bold; }
     ThroughputPanel > .throughput--note { color: $text-disabled; text-style: italic; }
+    ThroughputPanel > .throughput--stale { color: $warning; text-style: bold; }
     """
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
@@ -59,7 +62,8 @@ class ThroughputPanel(Widget):
     def show(self, state: ConsoleState) -> None:
         """Redraw when a figure shown changed."""
         stats = state.stats
-        key = (stats.SerializeToString() if stats is not None else b"", state.figures, state.live)
+        key = (stats.SerializeToString() if stats is not None else b"", state.figures, state.live, state.freshness(),
+               state.record is not None and state.record.round)
         if key != self._key:
             self._key = key
             self._state = state
@@ -107,14 +111,19 @@ class ThroughputPanel(Widget):
     def _column(self, pairs: list[tuple[str, str]], window: list[tuple[str, str]], state: ConsoleState) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         label_width = max(len(label) for label, _ in pairs + window)
-        text.append("throughput and latency (run)\n", style=self._style("title"))
+        text.append("throughput and latency (run)", style=self._style("title"))
+        frozen = state.freshness()
+        if frozen and state.live:
+            text.append(f" · {frozen}", style=self._style("stale"))
+        text.append("\n")
         if pairs:
             for label, value in pairs:
                 text.append(f"{label:<{label_width}} ", style=self._style("label"))
                 text.append(f"{value}\n", style=self._style("value"))
         else:
             text.append(self._missing(state, "\n") + "\n", style=self._style("note"))
-        text.append(f"\nlast {state.figures.rounds} rounds (stream)\n", style=self._style("title"))
+        upto = f" to round {state.record.round:,}" if state.record is not None else ""
+        text.append(f"\nlast {state.figures.rounds} rounds{upto}\n", style=self._style("title"))
         for label, value in window:
             text.append(f"{label:<{label_width}} ", style=self._style("label"))
             text.append(f"{value}\n", style=self._style("value"))
@@ -148,6 +157,9 @@ class ThroughputPanel(Widget):
             ("ALL", f"■{f.all_open} □{f.all_shut}"),
         ]))
         text = Text()
+        frozen = state.freshness()
+        if frozen and state.live and stats is not None:
+            rows[0] = (rows[0][0], [("", frozen), *(rows[0][1] or [])])
         for number, (title, items) in enumerate(rows):
             if number:
                 text.append("\n")
@@ -158,6 +170,9 @@ class ThroughputPanel(Widget):
             for index, (label, value) in enumerate(items):
                 if index:
                     text.append(" · ")
+                if not label:  # the not-live word leads the run's figures
+                    text.append(value, style=self._style("stale"))
+                    continue
                 text.append(f"{label} ", style=self._style("label"))
                 text.append(value, style=self._style("value"))
         return text
