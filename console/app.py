@@ -16,6 +16,7 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
@@ -68,23 +69,25 @@ class ConsoleApp(App[int]):
 
     BINDINGS = [
         Binding("q", "quit", "Quit", tooltip="Quit the console (the engine keeps running)"),
-        Binding("question_mark,f1", "help", "Help", tooltip="Keys and what the columns mean"),
+        Binding("question_mark,f1", "help", "Help", priority=True, tooltip="Keys and what the columns mean"),
         Binding("space", "pause", "Pause", tooltip="Freeze the view on this round (a replay: pause playback); "
                                                    "again: follow the newest (play)"),
         Binding("left", "step(-1)", "Back", tooltip="One round back (pauses the view)"),
         Binding("right", "step(1)", "Fwd", show=False, tooltip="One round forward"),
         Binding("shift+left", "step(-10)", "Back 10", show=False, tooltip="Ten rounds back (pauses the view)"),
         Binding("shift+right", "step(10)", "Fwd 10", show=False, tooltip="Ten rounds forward"),
-        Binding("g", "goto", "Go to", tooltip="Go to a round (a replay: anywhere in the file; live: the rounds held)"),
+        Binding("g", "goto", "Go to", priority=True,
+                tooltip="Go to a round (a replay: anywhere in the file; live: the rounds held)"),
         Binding("s", "sort", "Sort", tooltip="Sort the ranks: rank, occupancy, waiting prompts, blocking ALL, "
                                              "rounds since extend (or click a column title)"),
         Binding("S", "reverse_sort", "Reverse", show=False, tooltip="Reverse the sort order"),
-        Binding("slash", "filter", "Filter", tooltip="Filter the ranks, e.g. blocks, >0.9, wait>3, 8-15"),
+        Binding("slash", "filter", "Filter", priority=True,
+                tooltip="Filter the ranks, e.g. blocks, >0.9, wait>3, 8-15"),
         Binding("h", "history", "History", tooltip="The ranks x rounds heatmap in place of the grid, and back"),
         Binding("m", "metric", "Metric", show=False, tooltip="What the history shows: state, occupancy, waiting"),
-        Binding("a", "alerts", "Alerts", tooltip="Every alert, in full"),
-        Binding("e", "edit", "Edit", tooltip="Edit the ALL and ANY intervals on the running engine"),
-        Binding("d", "disable", "Disable", tooltip="Disable the gate on every rank (asks first)"),
+        Binding("a", "alerts", "Alerts", priority=True, tooltip="Every alert, in full"),
+        Binding("e", "edit", "Edit", priority=True, tooltip="Edit the ALL and ANY intervals on the running engine"),
+        Binding("d", "disable", "Disable", priority=True, tooltip="Disable the gate on every rank (asks first)"),
         Binding("plus", "speed(1)", "Faster", tooltip="Replay faster (0.25x ... 64x, then as fast as it reads)"),
         Binding("minus", "speed(-1)", "Slower", tooltip="Replay slower"),
     ]
@@ -172,17 +175,20 @@ class ConsoleApp(App[int]):
         main = self.screen_stack[0]
         if not main.is_mounted:
             return
+        try:
+            grid = main.query_one(RankGrid)
+            heat = main.query_one(Heatmap)
+        except NoMatches:  # composing, or being torn down
+            return
         self._drawn_version = self.store.version
         self._drawn_at = self.clock()
-        grid = main.query_one(RankGrid)
-        heat = main.query_one(Heatmap)
         state = self.store.view(self._history_needed(grid, heat))
         if self.player is not None:
             state = dataclasses.replace(state, position=self._position(state))
         self.state = state
         self._layout_body(main, len(state.views))
         main.query_one(StatusHeader).show(state)
-        main.query_one(SummaryLine).show(state)
+        main.query_one(SummaryLine).show(state, grid.in_view() if grid.display else None)
         grid.show(state, self.metric)
         if heat.display:
             heat.show(state, self.metric)
@@ -305,7 +311,7 @@ class ConsoleApp(App[int]):
         self.refresh_now()
         return ""
 
-    def action_goto(self) -> None:
+    async def action_goto(self) -> None:
         """Ask for a round and show it."""
 
         def check(text: str) -> str:
@@ -321,7 +327,16 @@ class ConsoleApp(App[int]):
             where = f"held: rounds {self.store.history[0].round:,} to {self.store.history[-1].round:,}"
         else:
             where = "no rounds yet"
-        self.push_screen(Prompt("go to round", where, check))
+        await self._open(Prompt("go to round", where, check))
+
+    async def _open(self, screen: Screen, callback: Callable | None = None) -> None:
+        """Push a dialog and return once it is shown.
+
+        The keys that open dialogs are priority bindings, run as the key arrives rather than after it
+        bubbled up from the focused widget, and this waits for the dialog: so the keys typed after it
+        reach the dialog instead of the screen below (an operator typing `e 1 6` fast lost the digits).
+        Over a dialog those keys are refused by `check_action` and go to the dialog's field."""
+        await self.push_screen(screen, callback)
 
     def action_speed(self, direction: int) -> None:
         """Replay faster (1) or slower (-1), while playing."""
@@ -356,7 +371,7 @@ class ConsoleApp(App[int]):
         else:
             self.action_sort(message.key)
 
-    def action_filter(self) -> None:
+    async def action_filter(self) -> None:
         """Ask for a filter; an empty one lists every rank."""
 
         def check(text: str) -> str:
@@ -369,7 +384,7 @@ class ConsoleApp(App[int]):
             self.refresh_now()
             return ""
 
-        self.push_screen(Prompt("filter ranks", FILTER_HELP, check, self.store.rank_filter.text))
+        await self._open(Prompt("filter ranks", FILTER_HELP, check, self.store.rank_filter.text))
 
     def action_history(self) -> None:
         """The heatmap in place of the grid, or back."""
@@ -383,10 +398,10 @@ class ConsoleApp(App[int]):
         self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
         self.refresh_now()
 
-    def action_alerts(self) -> None:
+    async def action_alerts(self) -> None:
         """Every alert in full."""
         if not isinstance(self.screen, AlertsScreen):
-            self.push_screen(AlertsScreen(self.state))
+            await self._open(AlertsScreen(self.state))
 
     def on_timeline_round_clicked(self, message: Timeline.RoundClicked) -> None:
         error = self.show_round(message.round)
@@ -403,10 +418,10 @@ class ConsoleApp(App[int]):
             self.store.version += 1
             self.refresh_now()
 
-    def action_help(self) -> None:
+    async def action_help(self) -> None:
         """Show keys and the glossary."""
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self._all_bindings()))
+            await self._open(HelpScreen(self._all_bindings()))
 
     def action_detail(self, rank: int | None = None) -> None:
         """Show one rank's recent rows (the grid's cursor rank by default)."""
@@ -422,15 +437,15 @@ class ConsoleApp(App[int]):
     def on_rank_grid_detail_requested(self, message: RankGrid.DetailRequested) -> None:
         self.action_detail(message.rank)
 
-    def action_edit(self) -> None:
+    async def action_edit(self) -> None:
         """Open the interval editor (live servers only)."""
         admin = self.source.admin
         if admin is None:
             self.notify("the interval editor needs a live server; this is a replay", severity="warning")
             return
-        self.push_screen(IntervalEditor(admin, self.config_in_force(), self.store.last_enabled))
+        await self._open(IntervalEditor(admin, self.config_in_force(), self.store.last_enabled))
 
-    def action_disable(self) -> None:
+    async def action_disable(self) -> None:
         """Ask, then turn the gate off on every rank."""
         if self.source.admin is None:
             self.notify("disabling the gate needs a live server; this is a replay", severity="warning")
@@ -439,7 +454,7 @@ class ConsoleApp(App[int]):
             "Disable the prefill gate?\n\nEvery rank then plans prefill on every round (plain continuous "
             "batching) from the round all ranks adopt the change. Re-enable it with e."
         )
-        self.push_screen(Confirm(question, yes="Disable"), self._disable_answered)
+        await self._open(Confirm(question, yes="Disable"), self._disable_answered)
 
     def _disable_answered(self, yes: bool | None) -> None:
         if yes:

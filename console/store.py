@@ -83,6 +83,8 @@ class Store:
         if len(self.history) == self.history.maxlen:
             self._digests.pop(self.history[0].round, None)
         self.history.append(record)
+        if record.config.enabled:  # an unset config reads as disabled: nothing to remember
+            self.last_enabled = record.config
         self.dp_size = len(record.ranks) or self.dp_size
         self.records_seen += 1
         self.last_record_at = self.clock()
@@ -216,8 +218,6 @@ class Store:
         if 0 < len(window) <= TIMELINE:  # the window reaches the oldest record held: nothing precedes it
             marks.insert(0, mark_of(window[0], None))
         config = record.config if record is not None and record.HasField("config") else self.config
-        if config is not None and config.enabled:
-            self.last_enabled = config
         newest_first = self._digests_back(index, history)
         alerts = self._alerts(newest_first, config)
         views = self._views(record, index, newest_first, alerts)

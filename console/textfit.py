@@ -31,15 +31,8 @@ def fit_parts(parts: list[Part], width: int, separator: str = " │ ", separator
     Parts go lowest `keep` first (the rightmost of equal ones first) until the rest fits; only a line
     whose every remaining part is needed is cut, with an ellipsis.
     """
-    kept = [part for part in parts if part.text]
-
-    def length(items: list[Part]) -> int:
-        return sum(len(part.text) for part in items) + len(separator) * max(len(items) - 1, 0)
-
-    while len(kept) > 1 and length(kept) > width:
-        lowest = min(part.keep for part in kept)
-        drop = max(index for index, part in enumerate(kept) if part.keep == lowest)
-        del kept[drop]
+    given = [part for part in parts if part.text]
+    kept = [given[index] for index in keep_fitting([(p.keep, len(p.text)) for p in given], width, len(separator))]
     text = Text(no_wrap=True, overflow="ellipsis")
     for index, part in enumerate(kept):
         if index:
@@ -47,3 +40,17 @@ def fit_parts(parts: list[Part], width: int, separator: str = " │ ", separator
         text.append(part.text, style=part.style)
     text.truncate(max(width, 1), overflow="ellipsis")
     return text
+
+
+def keep_fitting(items: list[tuple[int, int]], width: int, separator: int) -> list[int]:
+    """Indexes of the (keep, length) items that fit in `width` joined by `separator` cells: the lowest keep
+    goes first (the rightmost of equals), and one item always stays."""
+    kept = list(range(len(items)))
+
+    def length() -> int:
+        return sum(items[index][1] for index in kept) + separator * max(len(kept) - 1, 0)
+
+    while len(kept) > 1 and length() > width:
+        lowest = min(items[index][0] for index in kept)
+        kept.remove(max(index for index in kept if items[index][0] == lowest))
+    return kept

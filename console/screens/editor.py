@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 
 from rich.text import Text
-from textual import events, work
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
@@ -22,6 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from console.admin import AdminClient, AdminError, Applied
+from console.screens.early_keys import EarlyKeys
 from control.plane.auth import TOKEN_ENV
 from engine.config import ANY_FLAG, ATTEMPT_FLAG
 from prefill_gate.v1 import types_pb2 as pb
@@ -66,8 +67,10 @@ def describe_config(config: pb.GateConfig) -> str:
     return f"epoch {config.epoch} · ALL A={config.attempt_interval} · ANY K={config.any_interval}"
 
 
-class IntervalEditor(ModalScreen[None]):
+class IntervalEditor(EarlyKeys, ModalScreen[None]):
     """Edit the ALL and ANY intervals of the running engine."""
+
+    FIRST_FIELD = "#attempt"
 
     DEFAULT_CSS = """
     IntervalEditor { align: center middle; }
@@ -173,15 +176,6 @@ class IntervalEditor(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#attempt", Input).focus()
-
-    def on_key(self, event: events.Key) -> None:
-        # Keys that arrive before the first field has focus (the screen is still being shown on a loaded
-        # machine) would reach no field: give them to the first one.
-        if self.focused is None and event.is_printable and event.character:
-            field = self.query_one("#attempt", Input)
-            field.focus()
-            field.insert_text_at_cursor(event.character)
-            event.stop()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.pending = None  # an edit after the review: review again

@@ -21,6 +21,8 @@ from console.widgets.timeline import LEGEND
 GLOSSARY = (
     ("summary line", "ranks · want N/ranks · blocks ALL · >0.9 · extending: counts of the round shown; then a badge "
                      "when the view is not live, the alert count, and the sort and filter in force"),
+    ("1-11/64↓", "in the summary line when the grid cannot show every rank: the rows in view, of how many, and "
+                 "that more are below (↓) or above (↑)"),
     ("want", "the rank's probe wants prefill (P1): a resident chunk waits, or a new prompt waits and the pool "
              f"is at most {WATERMARK} full"),
     ("dec", "the rank has decode work (P2)"),

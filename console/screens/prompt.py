@@ -14,8 +14,10 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
+from console.screens.early_keys import EarlyKeys
 
-class Prompt(ModalScreen[str | None]):
+
+class Prompt(EarlyKeys, ModalScreen[str | None]):
     """Dismisses with the accepted text, or None on escape."""
 
     DEFAULT_CSS = """

@@ -235,6 +235,14 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         """The rows listed, in order."""
         return tuple(view.row for view in self._views)
 
+    def in_view(self) -> tuple[int, int] | None:
+        """The first and last rows on screen (1-based) when some are out of view, else None."""
+        visible = max(self.size.height - 1, 0)
+        if not self._views or visible >= len(self._views):
+            return None
+        top = int(self.scroll_y)
+        return top + 1, min(top + visible, len(self._views))
+
     @property
     def cursor_rank(self) -> int | None:
         """The rank under the cursor."""

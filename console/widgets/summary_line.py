@@ -38,9 +38,10 @@ class SummaryLine(Widget):
         self._text = Text("")
         self._key: tuple = ()
 
-    def show(self, state: ConsoleState) -> None:
-        """Redraw when the line changed."""
-        text = self.compose_text(state)
+    def show(self, state: ConsoleState, in_view: tuple[int, int] | None = None) -> None:
+        """Redraw when the line changed. `in_view`: the first and last grid rows on screen (1-based), when
+        some rows are out of view."""
+        text = self.compose_text(state, in_view)
         key = (text.plain, tuple(text.spans))
         if key != self._key:
             self._key, self._text = key, text
@@ -52,9 +53,14 @@ class SummaryLine(Widget):
     def _style(self, name: str) -> Style:
         return self.get_component_rich_style(f"summary-line--{name}", partial=True)
 
-    def compose_text(self, state: ConsoleState) -> Text:
+    def compose_text(self, state: ConsoleState, in_view: tuple[int, int] | None = None) -> Text:
         """The line for `state`."""
         parts = [Part(state.summary.line(), self._style("count"), 9)]
+        if in_view is not None:
+            first, last = in_view
+            more = "↓" if last < len(state.views) else ""
+            more = ("↑" if first > 1 else "") + more
+            parts.append(Part(f"{first}-{last}/{len(state.views)}{more}", self._style("bad"), 7))
         badge = state.freshness()
         if badge:
             parts.append(Part(f" {badge} ", self._style("badge"), 8))
