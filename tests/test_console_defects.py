@@ -26,6 +26,7 @@ from tests.console_pilot import (
     screen_segments,
     screen_text,
     settled,
+    until,
 )
 
 pytestmark = pytest.mark.usefixtures("quick_idle")
@@ -322,14 +323,21 @@ async def test_editor_in_force_line_follows_the_engine() -> None:
 
 
 async def test_keys_typed_right_after_opening_the_editor_reach_its_field() -> None:
+    """A terminal delivers fast typing as one burst: `e`, `1`, `6` arrive before the editor is shown."""
+    from textual import events
+
     off = pb.GateConfig(epoch=3, enabled=False, policy="gate")
     app = editor_app(Clock(), [record(1, [row(0, has_decode_work=True)], config=off)])
     async with app.run_test(size=(120, 40)) as pilot:
         await settled(app, pilot)
         for _ in range(3):
-            await pilot.press("e", "1", "6")  # no pause between opening and typing
+            for key in "e16":
+                app._driver.send_message(events.Key(key, key))  # no wait between them: one read's worth
+            await until(pilot, lambda: app.screen.query("#attempt"), "the editor")
+            await pilot.pause()
             assert app.screen.query_one("#attempt").value == "16"
             await pilot.press("escape")
+            await back_on_main(pilot, app)
 
 
 # -- 6. replay like a player ---------------------------------------------------------------------------
