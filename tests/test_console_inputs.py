@@ -96,7 +96,7 @@ async def test_replay_plays_every_record_then_ends(tmp_path: Path) -> None:
     app = await replay(path)
     assert [r.round for r in app.store.history] == [r.round for r in records]
     assert app.store.link is Link.ENDED
-    assert f"{RECORDS} rounds replayed" in app.store.detail
+    assert f"{RECORDS} rounds in the file" in app.store.detail
     assert app.store.run_id == "sample-run" and app.state.dp_size == 2
     assert app.store.notice_text == ""
 
