@@ -21,6 +21,7 @@ from console.state import ConsoleState
 from console.widgets.rank_grid import state_style
 
 _LABEL = 8  # "  12,345" round labels on the left
+HEAD = 3  # title, legend and rank axis above the cells
 _STATE_COLOURS = {
     "planned": "#ffa62b",  # extending (the accent)
     "blocks": "#e0405f",  # blocking ALL while another rank wants prefill
@@ -31,8 +32,8 @@ _STATE_COLOURS = {
     "dim": "#202428",  # idle
 }
 LEGENDS = {
-    "occupancy": f"occupancy: dark 0 → bright {WATERMARK}, magenta above",
-    "waiting": "waiting prompts: dark 0 → bright = the most here",
+    "occupancy": f"dark 0 → bright {WATERMARK}, magenta above it",
+    "waiting": "waiting prompts, dark 0 → bright = the most here",
 }
 STATE_LEGEND = (("planned", "extending"), ("blocks", "blocks ALL"), ("yes", "wants"), ("hot", f">{WATERMARK}"),
                 ("bar", "decoding"), ("dim", "idle"))
@@ -74,7 +75,7 @@ class Heatmap(Widget):
     @property
     def rounds_needed(self) -> int:
         """How many rounds fill the widget."""
-        return max(self.size.height - 2, 0) * 2
+        return max(self.size.height - HEAD, 0) * 2
 
     def show(self, state: ConsoleState, metric: str = "state") -> None:
         """Take the rounds to draw (the listed ranks, in rank order)."""
@@ -103,7 +104,7 @@ class Heatmap(Widget):
 
     def on_click(self, event: events.Click) -> None:
         """A click on a line shows its newer round."""
-        line = event.y - 2
+        line = event.y - HEAD
         newest_first = self._history[::-1]
         if line >= 0 and line * 2 < len(newest_first):
             self.post_message(self.RoundClicked(newest_first[line * 2].round))
@@ -125,23 +126,24 @@ class Heatmap(Widget):
         columns = max(width - _LABEL - 1, 0)
         cell = max(min(columns // ranks, 6), 1) if ranks else 1
         shown = min(ranks, columns // cell) if cell else 0
-        title = f" history · {ranks} ranks x {len(self._history)} rounds, newest on top · m: "
+        title = f" history · {ranks} ranks x {len(self._history)} rounds, newest on top, two a line · m: metric"
         if self._frozen:
             title = f" {self._frozen} ·" + title
-        legend = [Segment(title, muted)]
+        legend = [Segment(f" {self._metric}: ", muted)]
         if self._metric == "state":
             for name, word in STATE_LEGEND:
                 legend += [Segment("■", base + Style(color=_STATE_COLOURS[name])), Segment(f" {word}  ", muted)]
         else:
             legend.append(Segment(LEGENDS[self._metric], muted))
-        strips = [Strip(legend).crop(0, width).adjust_cell_length(width, base)]
+        strips = [Strip([Segment(title[:width].ljust(width), muted)], width),
+                  Strip(legend).crop(0, width).adjust_cell_length(width, base)]
         strips.append(Strip([Segment(self._axis(shown, cell, width), muted)], width))
         if shown < ranks:
             strips[-1] = Strip([Segment(self._axis(shown, cell, width - 14) + f" +{ranks - shown} ranks →",
                                         muted)], width)
         newest_first = self._history[::-1]
         top = max((max(entry.waiting) for entry in newest_first if entry.waiting), default=0)
-        for line in range(max(height - 2, 0)):
+        for line in range(max(height - HEAD, 0)):
             newer = newest_first[line * 2] if line * 2 < len(newest_first) else None
             older = newest_first[line * 2 + 1] if line * 2 + 1 < len(newest_first) else None
             label = f"{newer.round:>{_LABEL - 1},} " if newer is not None and line % 4 == 0 else " " * _LABEL

@@ -251,8 +251,9 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
     # -- actions -----------------------------------------------------------------------------------
 
     def action_cursor(self, delta: int) -> None:
-        """Move the rank cursor."""
-        self.action_cursor_to(self.cursor + delta)
+        """Move the rank cursor (a page up from near the top stops at the first rank)."""
+        if self._views:
+            self.cursor = min(max(self.cursor + delta, 0), len(self._views) - 1)
 
     def action_cursor_to(self, index: int) -> None:
         """Put the cursor on a listed rank (negative: from the end)."""

@@ -118,7 +118,7 @@ class StatusHeader(Widget):
         second = [Part(config_label(state), "", 9)]
         if state.alert_count:
             count = state.alert_count
-            second.append(Part(f"⚠ {count} alert{'s' if count != 1 else ''} (a)", style("bad"), 8))
+            second.append(Part(f"⚠ {count} alert{'s' if count != 1 else ''} (a)", style("bad"), 7))
         change = last_change(state.config)
         if change:
             second.append(Part(f"changed by {change}", style("accent"), 1))
@@ -144,7 +144,7 @@ def where_part(state: ConsoleState, style: Callable[[str], Style]) -> Part:
         return Part(where, style("warn"), 8)
     link = state.connection.link
     if link is Link.ENDED:
-        return Part("■ at the end of the recording", style("accent"), 8)
+        return Part("■ end of the recording", style("accent"), 8)
     if link is Link.REPLAY:
         playing = state.position is None or state.position.playing
         return Part("▶ playing" if playing else "⏸ not playing", style("accent"), 8)
