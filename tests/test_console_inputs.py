@@ -48,6 +48,9 @@ def write_recording(path: Path, count: int = RECORDS) -> list[pb.RoundRecord]:
         (("--replay", "."), ": Is a directory"),
         (("--replay", "x", "--speed", "-1"), "--speed must be >= 0"),
         (("--tick-hz", "0"), "--tick-hz must be in (0, 60]"),
+        (("--alert-above-rounds", "0"), "--alert-above-rounds must be in [1, 2000]"),
+        (("--alert-growing-rounds", "5000"), "--alert-growing-rounds must be in [1, 2000]"),
+        (("--alert-gate-wait-p99", "-1"), "--alert-gate-wait-p99 must be > 0 seconds"),
     ],
 )
 def test_bad_flags_exit_before_the_app_starts(argv: tuple[str, ...], message: str) -> None:
