@@ -6,6 +6,7 @@ the alerts pane. Thresholds are `Bounds` (flags of `prefill-gate console`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -37,14 +38,18 @@ class Alert:
         return self.severity != "info"
 
 
-def rank_alerts(digests_newest_first: list[Digest], bounds: Bounds) -> list[Alert]:
-    """Ranks above the watermark for `above_rounds`, and ranks whose waiting prompts keep growing."""
+def rank_alerts(digests_newest_first: list[Digest], bounds: Bounds, stride: int = 1) -> list[Alert]:
+    """Ranks above the watermark for `above_rounds`, and ranks whose waiting prompts keep growing.
+
+    The digests are every round, or every `stride`-th of a fast stream: the same spans of rounds are then
+    judged on the rounds sampled."""
     if not digests_newest_first:
         return []
     newest = digests_newest_first[0]
     out: list[Alert] = []
-    window = digests_newest_first[: bounds.above_rounds]
-    if len(window) == bounds.above_rounds and all(entry.ranks == newest.ranks for entry in window):
+    samples = max(math.ceil(bounds.above_rounds / stride), 2)
+    window = digests_newest_first[:samples]
+    if len(window) == samples and all(entry.ranks == newest.ranks for entry in window):
         above = newest.above
         for entry in window:
             above &= entry.above
@@ -56,8 +61,9 @@ def rank_alerts(digests_newest_first: list[Digest], bounds: Bounds) -> list[Aler
                 "bad",
                 newest.ranks[position],
             ))
-    window = digests_newest_first[: bounds.growing_rounds + 1]
-    if len(window) == bounds.growing_rounds + 1 and all(entry.ranks == newest.ranks for entry in window):
+    samples = max(math.ceil(bounds.growing_rounds / stride), 2) + 1
+    window = digests_newest_first[:samples]
+    if len(window) == samples and all(entry.ranks == newest.ranks for entry in window):
         oldest = window[-1]
         for position in range(newest.size):
             if newest.waiting[position] <= oldest.waiting[position]:

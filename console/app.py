@@ -189,7 +189,7 @@ class ConsoleApp(App[int]):
         self._layout_body(main, len(state.views))
         main.query_one(StatusHeader).show(state)
         main.query_one(SummaryLine).show(state, grid.in_view() if grid.display else None)
-        grid.show(state, self.metric)
+        grid.show(state, self.metric, self.clock())
         if heat.display:
             heat.show(state, self.metric)
         main.query_one(Timeline).show(state)

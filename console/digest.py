@@ -12,7 +12,6 @@ has decode work, does not want prefill, and is not extending this round (P4, P5)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prefill_gate.v1 import types_pb2 as pb
@@ -114,26 +113,3 @@ class Summary:
             f"ranks {self.ranks} · want {self.want}/{self.ranks} · blocks ALL {self.blocks} · "
             f">{WATERMARK} {self.above} · extending {self.extending}"
         )
-
-
-def rounds_since_extend(digests_newest_first: Iterable[Digest], size: int) -> tuple[int | None, ...]:
-    """Per row position: rounds since the rank last extended (0: this round), None beyond the rounds given.
-
-    Reads the digests only as far back as the rank that extended longest ago needs."""
-    out: list[int | None] = [None] * size
-    newest: int | None = None
-    remaining = (1 << size) - 1
-    for entry in digests_newest_first:
-        if newest is None:
-            newest = entry.round
-        hit = entry.extend & remaining
-        while hit:
-            low = hit & -hit
-            position = low.bit_length() - 1
-            if position < size:
-                out[position] = newest - entry.round
-            hit ^= low
-        remaining &= ~entry.extend
-        if not remaining:
-            break
-    return tuple(out)

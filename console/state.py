@@ -131,6 +131,7 @@ class ConsoleState:
     position: Position | None = None  # replay only
     age_s: float | None = None  # seconds since the newest record arrived (live)
     held: int = 0  # rounds held up to the shown one
+    stride: int = 1  # the history views show every stride-th round (a fast stream is sampled)
 
     @property
     def current(self) -> bool:

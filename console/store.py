@@ -13,13 +13,14 @@ live notice after a minute.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice, pairwise
 
 from console.alerts import Alert, Bounds, rank_alerts, run_alerts
-from console.digest import Digest, Summary, digest, rounds_since_extend
+from console.digest import Digest, Summary, digest
 from console.selection import RankFilter, RankView, sort_views
 from console.state import CURRENT, Connection, ConsoleState, Link, Mark, WindowFigures
 from prefill_gate.v1 import types_pb2 as pb
@@ -30,6 +31,10 @@ RATE_WINDOW = 256  # rounds/s is measured over this many of the newest records, 
 STALE_AFTER_S = 1.0  # the engine publishes every round, idle ones included: a second of silence is a stall
 NOTICE_S = 60.0  # a live notice gives way to the link's detail after this long; a replay's stays
 HISTORY_VIEW = 512  # digests handed to the history strips and the heatmap (they draw what fits)
+# Reading a 64-rank record's rows costs about a third of a millisecond (protobuf field access), so the
+# history views and the per-rank alerts look at every round only up to this rate; a faster stream is
+# sampled every k-th round (said on screen), which keeps a 1 kHz stream affordable.
+HISTORY_RATE = 100.0
 
 
 class Store:
@@ -66,6 +71,7 @@ class Store:
         self.sort_reverse = False
         self.rank_filter = RankFilter()
         self._digests: dict[int, Digest] = {}  # by round, for the records held
+        self._marks: dict[int, Mark] = {}  # by round: the timeline's view of each record, read once
 
     # -- what sources call ---------------------------------------------------------------------------
 
@@ -82,6 +88,7 @@ class Store:
             self.dropped += max(record.dropped_before, missing, 0)
         if len(self.history) == self.history.maxlen:
             self._digests.pop(self.history[0].round, None)
+            self._marks.pop(self.history[0].round, None)
         self.history.append(record)
         if record.config.enabled:  # an unset config reads as disabled: nothing to remember
             self.last_enabled = record.config
@@ -128,13 +135,16 @@ class Store:
         """Forget every record held (a replay seeking far away loads the rounds around its new position)."""
         self.history.clear()
         self._digests.clear()
+        self._marks.clear()
         self.cursor = None
         self.version += 1
 
     def truncate_after(self, round_: int) -> None:
         """Drop the records after `round_` (a replay resumes playing from the round shown)."""
         while self.history and self.history[-1].round > round_:
-            self._digests.pop(self.history.pop().round, None)
+            dropped = self.history.pop().round
+            self._digests.pop(dropped, None)
+            self._marks.pop(dropped, None)
         self.version += 1
 
     def digest_at(self, index: int) -> Digest:
@@ -166,6 +176,7 @@ class Store:
         previous = self.run_id
         self.history.clear()
         self._digests.clear()
+        self._marks.clear()
         self.paused = False
         self.cursor = None
         self.stats = None
@@ -214,12 +225,14 @@ class Store:
         index = self._shown_index() if self.history else -1
         record = self.history[index] if index >= 0 else None
         window = _before(self.history, index, TIMELINE) if record is not None else []
-        marks = [mark_of(current, previous) for previous, current in pairwise(window)]
+        marks = [self._mark(current, previous) for previous, current in pairwise(window)]
         if 0 < len(window) <= TIMELINE:  # the window reaches the oldest record held: nothing precedes it
             marks.insert(0, mark_of(window[0], None))
         config = record.config if record is not None and record.HasField("config") else self.config
-        newest_first = self._digests_back(index, history)
-        alerts = self._alerts(newest_first, config)
+        rate = _rate(window[-RATE_WINDOW:])
+        stride = max(1, math.ceil(rate / HISTORY_RATE)) if rate else 1
+        newest_first = self._digests_back(index, history, stride)
+        alerts = self._alerts(newest_first, config, stride)
         views = self._views(record, index, newest_first, alerts)
         return ConsoleState(
             source=self.source,
@@ -230,7 +243,7 @@ class Store:
             server_state=self.server_state,
             record=record,
             newest_round=self.history[-1].round if self.history else None,
-            rounds_per_s=_rate(window[-RATE_WINDOW:]),
+            rounds_per_s=rate,
             dropped=self.dropped,
             config=config,
             stats=self.stats,
@@ -249,14 +262,51 @@ class Store:
             rank_filter=self.rank_filter,
             age_s=self.clock() - self.last_record_at if self.live and self.last_record_at is not None else None,
             held=index + 1,
+            stride=stride,
         )
 
-    def _digests_back(self, index: int, count: int) -> list[Digest]:
-        """Up to `count` digests ending at `index`, newest first."""
-        return [self.digest_at(i) for i in range(index, max(index - count, -1), -1)]
+    def _digests_back(self, index: int, count: int, stride: int = 1) -> list[Digest]:
+        """Up to `count` digests ending at `index`, newest first: every round, or every `stride`-th (the
+        shown one first, then rounds that are multiples of the stride, so a tick reuses the last one's)."""
+        if index < 0:
+            return []
+        out = [self.digest_at(index)]
+        if stride > 1:
+            index -= (self.history[index].round % stride) or stride
+        else:
+            index -= 1
+        while index >= 0 and len(out) < count:
+            out.append(self.digest_at(index))
+            index -= stride
+        return out
 
-    def _alerts(self, newest_first: list[Digest], config: pb.GateConfig | None) -> list[Alert]:
-        return rank_alerts(newest_first, self.bounds) + run_alerts(self.stats, self.dropped, config, self.bounds)
+    def _mark(self, record: pb.RoundRecord, previous: pb.RoundRecord) -> Mark:
+        mark = self._marks.get(record.round)
+        if mark is None:
+            mark = mark_of(record, previous)
+            self._marks[record.round] = mark
+        return mark
+
+    def _alerts(self, newest_first: list[Digest], config: pb.GateConfig | None, stride: int) -> list[Alert]:
+        return rank_alerts(newest_first, self.bounds, stride) + run_alerts(self.stats, self.dropped, config,
+                                                                          self.bounds)
+
+    def _since(self, index: int, size: int) -> tuple[int | None, ...]:
+        """Rounds since each rank last extended, exactly (every record, not a sample): a record's
+        `ranks_extending` says whether its rows need reading at all."""
+        out: list[int | None] = [None] * size
+        remaining = size
+        shown = self.history[index].round
+        for offset, record in enumerate(islice(reversed(self.history), len(self.history) - 1 - index, None)):
+            if not record.ranks_extending and offset:
+                continue
+            for position, row in enumerate(record.ranks):
+                if position < size and out[position] is None and row.num_extends:
+                    out[position] = shown - record.round
+                    remaining -= 1
+            if not remaining:
+                break
+        return tuple(out)
 
     def _views(
         self, record: pb.RoundRecord | None, index: int, newest_first: list[Digest], alerts: list[Alert]
@@ -264,8 +314,7 @@ class Store:
         if record is None or not newest_first:
             return []
         shown = newest_first[0]
-        # The rounds since each rank last extended may reach back past the digests the views asked for.
-        since = rounds_since_extend((self.digest_at(i) for i in range(index, -1, -1)), shown.size)
+        since = self._since(index, shown.size)
         alerting = {alert.rank for alert in alerts if alert.rank is not None}
         views = [
             RankView(

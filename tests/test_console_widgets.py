@@ -346,12 +346,12 @@ def test_blocks_all_is_decided_from_the_round_not_from_the_flag() -> None:
 
 
 def test_rounds_since_each_rank_extended() -> None:
-    from console.digest import digest, rounds_since_extend
-
-    history = [digest(record(i, [row(0, num_extends=int(i % 5 == 0)), row(1), row(2, num_extends=int(i == 9))]))
-               for i in range(12)]
-    assert rounds_since_extend(reversed(history), 3) == (1, None, 2)  # rank 0 at 10, rank 2 at 9, rank 1 never
-    assert rounds_since_extend([], 2) == (None, None)
+    store = Store("t", live=False, clock=Clock())
+    for i in range(12):
+        store.record(record(i, [row(0, num_extends=int(i % 5 == 0)), row(1), row(2, num_extends=int(i == 9))]))
+    assert [view.since for view in store.view().views] == [1, None, 2]  # 0 at round 10, 2 at 9, 1 never
+    store.step(-2)  # paused at round 9
+    assert [view.since for view in store.view().views] == [4, None, 0]
 
 
 def test_filter_words_and_refusals() -> None:

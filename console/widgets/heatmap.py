@@ -69,6 +69,8 @@ class Heatmap(Widget):
         self._ranks: tuple[int, ...] = ()
         self._metric = "state"
         self._frozen = ""
+        self._stride = 1
+        self._cell_styles: dict[tuple, Style] = {}
         self._key: tuple = ()
         self._strips: list[Strip] = []
 
@@ -89,11 +91,13 @@ class Heatmap(Widget):
         self._history, self._positions, self._metric = history, positions, metric
         self._ranks = tuple(view.row.rank for view in views)
         self._frozen = state.freshness()
+        self._stride = state.stride
         self._strips = []
         self.refresh()
 
     def on_resize(self) -> None:
         self._strips = []
+        self._cell_styles.clear()
 
     def render_line(self, y: int) -> Strip:
         if not self._strips:
@@ -126,7 +130,8 @@ class Heatmap(Widget):
         columns = max(width - _LABEL - 1, 0)
         cell = max(min(columns // ranks, 6), 1) if ranks else 1
         shown = min(ranks, columns // cell) if cell else 0
-        title = f" history · {ranks} ranks x {len(self._history)} rounds, newest on top, two a line · m: metric"
+        every = f" (every {self._stride}th)" if self._stride > 1 else ""
+        title = f" history · {ranks} ranks x {len(self._history)} rounds{every}, newest on top, two a line · m: metric"
         if self._frozen:
             title = f" {self._frozen} ·" + title
         legend = [Segment(f" {self._metric}: ", muted)]
@@ -152,7 +157,10 @@ class Heatmap(Widget):
                 upper = self._colour(newer, position, top) if newer is not None else None
                 lower = self._colour(older, position, top) if older is not None else None
                 glyph = "▀" if upper is not None else " "
-                segments.append(Segment(glyph * cell, base + Style(color=upper, bgcolor=lower)))
+                style = self._cell_styles.get((upper, lower))
+                if style is None:
+                    style = self._cell_styles[(upper, lower)] = base + Style(color=upper, bgcolor=lower)
+                segments.append(Segment(glyph * cell, style))
             strips.append(Strip(segments).adjust_cell_length(width, base).simplify())
         return strips
 

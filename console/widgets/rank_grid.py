@@ -10,6 +10,8 @@ rank's history strip, not to padding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 
 from rich.segment import Segment
 from rich.style import Style
@@ -58,6 +60,7 @@ class Columns:
         return cls(layout=layout, bar=max(spare, 4), strip=0)
 
 
+STRIP_HZ = 2.0  # frames a second of the history strips (the rest of the grid follows the tick)
 BAR_MAX = 30  # a wider occupancy bar shows nothing more; the rest goes to the history strip
 STRIP_MIN = 12
 # Cells taken by everything but the bar (separators included), in each layout.
@@ -78,7 +81,7 @@ def row_key(row: pb.RankRow) -> tuple:
     )
 
 
-def header_text(columns: Columns, width: int, metric: str = "state") -> str:
+def header_text(columns: Columns, width: int, metric: str = "state", stride: int = 1) -> str:
     """The column titles for `columns` (also what a click on the header is matched against)."""
     bar_title = next(title for title in _BAR_TITLES if len(title) <= columns.bar)
     flags = "flags"
@@ -103,6 +106,8 @@ def header_text(columns: Columns, width: int, metric: str = "state") -> str:
     if columns.strip:
         title = {"state": "history: occupancy, coloured by state", "occupancy": "history: occupancy",
                  "waiting": "history: waiting prompts"}[metric]
+        if stride > 1:
+            title += f", every {stride}th round"
         text += " " + title[: columns.strip].ljust(columns.strip)
     return text[:width].ljust(width)
 
@@ -187,28 +192,50 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         self._history: tuple[Digest, ...] = ()
         self._frozen = ""  # the not-live badge, "" while live
         self._held = 0  # rounds held up to the shown one: "since" reaches back that far
+        self._stride = 1
         self._metric = "state"
-        self._lines: LRUCache[tuple, Strip] = LRUCache(1024)
+        self._waiting_top = 0
+        self._cell_cache: dict[tuple, tuple[tuple[str, str], ...]] = {}
+        self._by_position: list[tuple[tuple[str, str], ...]] = []
+        self._strip_source: tuple[Digest, ...] = ()
+        self._strip_segments: dict[tuple, list[Segment]] = {}
+        self._strip_at = -1e9
+        self._lines: LRUCache[tuple, tuple[list[Segment], list[Segment]]] = LRUCache(1024)
         self._styles: dict[str, Style] = {}  # resolved once per style change, not once per cell
         self._header_key: tuple = ()
 
     # -- state in ----------------------------------------------------------------------------------
 
-    def show(self, state: ConsoleState, metric: str = "state") -> None:
-        """Take the listed ranks; refresh only the lines that changed."""
+    def show(self, state: ConsoleState, metric: str = "state", now: float | None = None) -> None:
+        """Take the listed ranks; refresh only the lines that changed. The history strips move at most
+        STRIP_HZ times a second (`now`: the app's clock): drawing them costs more than the rest of a line."""
         views = state.views
         columns = Columns.fit(self.scrollable_content_region.width)
         history = state.history[-columns.strip:] if columns.strip else ()
+        if (now is not None and self._history and history and metric == self._metric and not state.paused
+                and now - self._strip_at < 1 / STRIP_HZ and len(history) == len(self._history)):
+            history = self._history  # keep the strips as they are until their next frame
+        elif now is not None:
+            self._strip_at = now
         # A strip moves with every round, so its end round is part of each line's key.
         end = (history[-1].round, len(history), metric) if history else None
         keys = tuple((row_key(v.row), v.blocks, v.contested, v.since, v.alert, v.position, end) for v in views)
         frozen = state.freshness()
-        header_key = (frozen, metric, columns)
+        header_key = (frozen, metric, columns, state.stride)
         if keys == self._keys and header_key == self._header_key:
             return
         old = self._keys
         self._views, self._keys, self._history, self._metric = views, keys, history, metric
+        # One scale for every rank's waiting strip (the most any rank had in the rounds shown).
+        self._waiting_top = max((max(entry.waiting, default=0) for entry in history), default=0) \
+            if metric == "waiting" else 0
+        if not history or history is not self._strip_source:
+            # Each round's cells once, then turned into one column of cells per rank (zip does it in C).
+            self._by_position = list(zip(*(self._cells(entry) for entry in history), strict=False)) if history else []
+            self._strip_source = history
+            self._strip_segments.clear()
         self._held = state.held
+        self._stride = state.stride
         if frozen != self._frozen:
             self._frozen = frozen
             self._lines.clear()
@@ -221,8 +248,11 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
             self.cursor = min(self.cursor, max(len(keys) - 1, 0))
             self.refresh()
             return
-        for index, (before, after) in enumerate(zip(old, keys, strict=True)):
-            if before != after:
+        changed = [index for index, (before, after) in enumerate(zip(old, keys, strict=True)) if before != after]
+        if len(changed) > 8:
+            self.refresh()  # one repaint is cheaper than many line regions (history strips move every round)
+        else:
+            for index in changed:
                 self.refresh_line(index + 1)
 
     @property
@@ -322,12 +352,23 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         index = int(self.scroll_y) + y - 1
         if index >= len(self._views):
             return Strip.blank(width, self._style("base"))
-        key = (self._keys[index], width, index == self.cursor, self.has_focus)
-        strip = self._lines.get(key)
-        if strip is None:
-            strip = self._line(self._views[index], columns, width, index == self.cursor)
-            self._lines[key] = strip
-        return strip
+        cursor = index == self.cursor
+        view = self._views[index]
+        base = self._base(cursor)
+        # A line is built from parts cached on what they show: the rounds since the last extend and the
+        # history strip move with every round, the rest only when the rank's values change.
+        key = (self._keys[index][0], view.blocks, view.contested, view.alert, width, cursor, self.has_focus)
+        parts = self._lines.get(key)
+        if parts is None:
+            parts = self._lines[key] = self._parts(view, columns, base)
+        left, right = parts
+        since = Segment(f" {_since(view.since, self._held)}", base + self._style("planned") if view.since == 0
+                        else base)
+        segments = [*left, since, *right]
+        if columns.strip:
+            segments.append(Segment(" ", base))
+            segments.extend(self._strip(view.position, columns.strip, base))
+        return Strip(segments).adjust_cell_length(width, base)
 
     def on_focus(self) -> None:
         self.refresh()
@@ -343,7 +384,7 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         return style
 
     def _header(self, columns: Columns, width: int) -> Strip:
-        text = header_text(columns, width, self._metric)
+        text = header_text(columns, width, self._metric, self._stride)
         if not self._frozen or not columns.strip:
             return Strip([Segment(text, self._style("header"))], width)
         # The badge takes the history strip's title (never a column's: every title stays readable).
@@ -352,13 +393,17 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         return Strip([Segment(text[:cut], self._style("header")), Segment(badge[: width - cut],
                                                                           self._style("header-frozen"))], width)
 
-    def _line(self, view: RankView, columns: Columns, width: int, cursor: bool) -> Strip:
-        row = view.row
+    def _base(self, cursor: bool) -> Style:
         base = self._style("base")
         if cursor:
             base = base + self._style("cursor")
         if self._frozen:
             base = base + self._style("frozen")
+        return base
+
+    def _parts(self, view: RankView, columns: Columns, base: Style) -> tuple[list[Segment], list[Segment]]:
+        """The line's cells before the `since` column (rank to ext) and after it (the bar to the flags)."""
+        row = view.row
         dim = base + self._style("dim")
         yes = base + self._style("yes")
         hot = base + self._style("hot")
@@ -387,7 +432,7 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
             cell(f" {row.running:>4}")
         cell(f" {_count(row.num_tokens, 6)}")
         cell(f" {row.num_extends:>3}", planned if row.num_extends else base)
-        cell(f" {_since(view.since, self._held)}", planned if view.since == 0 else base)
+        left, segments = segments, []
         cell("  " if columns.wide else " ")
         segments.extend(self._bar(row.occupancy, columns.bar, base, row.occupancy > WATERMARK))
         cell(f" {row.occupancy:>4.0%}", hot if row.occupancy > WATERMARK else base)
@@ -401,30 +446,34 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         segments.extend(flags)
         used = sum(len(segment.text) for segment in flags)
         cell(" " * (FLAGS[columns.layout] - used))
-        if columns.strip:
-            cell(" ")
-            segments.extend(self._strip(view.position, columns.strip, base))
-        return Strip(segments).adjust_cell_length(width, base).simplify()
+        return left, segments
 
     def _bar(self, occupancy: float, width: int, base: Style, hot: bool) -> list[Segment]:
-        """A bar of `width` cells with eighth-cell resolution; the watermark cell is always drawn."""
+        """A bar of `width` cells with eighth-cell resolution; the watermark cell is always drawn. Runs of
+        one glyph are one segment (a bar is at most five segments, not one per cell)."""
         fill = base + self._style("bar-hot" if hot else "bar")
         mark = base + self._style("watermark")
         empty = base + self._style("dim")
         mark_at = min(int(WATERMARK * width), width - 1)  # the cell that holds 0.9
         eighths = round(max(0.0, min(occupancy, 1.0)) * width * 8)
-        out: list[Segment] = []
+        cells = []
         for index in range(width):
             if index == mark_at:
-                out.append(Segment("┃", mark))
+                cells.append(("┃", mark))
                 continue
             filled = min(max(eighths - index * 8, 0), 8)
-            if filled == 8:
-                out.append(Segment("█", fill))
-            elif filled:
-                out.append(Segment(_EIGHTHS[filled], fill))
-            else:
-                out.append(Segment("·", empty))
+            cells.append(("█", fill) if filled == 8 else (_EIGHTHS[filled], fill) if filled else ("·", empty))
+        out: list[Segment] = []
+        run, run_style = "", None
+        for glyph, style in cells:
+            if style is run_style and (glyph == run[-1:] or not run):
+                run += glyph
+                continue
+            if run:
+                out.append(Segment(run, run_style))
+            run, run_style = glyph, style
+        if run:
+            out.append(Segment(run, run_style))
         return out
 
     def _flags(self, view: RankView, wide: bool, base: Style) -> list[Segment]:
@@ -445,24 +494,34 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
 
     def _strip(self, position: int, width: int, base: Style) -> list[Segment]:
         """The rank's last `width` rounds, newest at the right: height from the metric, colour from its state."""
-        history = self._history
-        pad = width - len(history)
-        runs: list[tuple[str, list[str]]] = [("dim", [" " * pad])] if pad > 0 else []
-        waiting = self._metric == "waiting"
-        top = max((entry.waiting[position] for entry in history if position < entry.size), default=0) if waiting \
-            else 1.0
-        for entry in history:
-            if position >= entry.size:
-                glyph, name = " ", "dim"
-            else:
+        key = (position, width, base)
+        cached = self._strip_segments.get(key)
+        if cached is not None:
+            return cached
+        column = self._by_position[position] if position < len(self._by_position) else ()
+        pad = width - len(column)
+        out = [Segment(" " * pad, base)] if pad > 0 else []
+        for name, cells in groupby(column, key=itemgetter(1)):
+            out.append(Segment("".join(glyph for glyph, _ in cells), base + self._style(name)))
+        self._strip_segments[key] = out
+        return out
+
+    def _cells(self, entry: Digest) -> tuple[tuple[str, str], ...]:
+        """(glyph, style name) of every rank in one round, worked out once per round and metric."""
+        key = (entry.round, self._metric, self._waiting_top)
+        cells = self._cell_cache.get(key)
+        if cells is None:
+            if len(self._cell_cache) > 8192:
+                self._cell_cache.clear()
+            waiting = self._metric == "waiting"
+            top = self._waiting_top if waiting else 1.0
+            out = []
+            for position in range(entry.size):
                 value = entry.waiting[position] if waiting else entry.occupancy[position]
                 glyph = SPARK[min(int(value / top * len(SPARK)), len(SPARK) - 1)] if top and value > 0 else " "
-                name = state_style(entry, position) if self._metric == "state" else "bar"
-            if runs and runs[-1][0] == name:
-                runs[-1][1].append(glyph)
-            else:
-                runs.append((name, [glyph]))
-        return [Segment("".join(glyphs), base + self._style(name)) for name, glyphs in runs]
+                out.append((glyph, state_style(entry, position) if self._metric == "state" else "bar"))
+            cells = self._cell_cache[key] = tuple(out)
+        return cells
 
 
 def state_style(entry: Digest, position: int) -> str:
