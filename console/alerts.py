@@ -14,12 +14,15 @@ from console.digest import WATERMARK, Digest
 from prefill_gate.v1 import types_pb2 as pb
 
 
+MIN_GROWTH = 3  # waiting prompts must grow by this many over the window to raise an alert
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """When a condition becomes an alert."""
 
     above_rounds: int = 50  # a rank above the watermark for this many rounds in a row
-    growing_rounds: int = 30  # a rank's waiting prompts grew over this many rounds without ever falling
+    growing_rounds: int = 30  # a rank's waiting prompts grew (by 3+) over this many rounds, never falling
     gate_wait_p99_s: float = 2.0  # the run's gate wait p99 above this
 
 
@@ -56,7 +59,7 @@ def rank_alerts(digests_newest_first: list[Digest], bounds: Bounds, stride: int 
         for position in _positions(above):
             out.append(Alert(
                 "watermark",
-                f"rank {newest.ranks[position]} above the {WATERMARK} watermark for {bounds.above_rounds}+ rounds "
+                f"rank {newest.ranks[position]}: >{WATERMARK} for {bounds.above_rounds}+ rounds "
                 f"({newest.occupancy[position]:.0%} now)",
                 "bad",
                 newest.ranks[position],
@@ -66,13 +69,14 @@ def rank_alerts(digests_newest_first: list[Digest], bounds: Bounds, stride: int 
     if len(window) == samples and all(entry.ranks == newest.ranks for entry in window):
         oldest = window[-1]
         for position in range(newest.size):
-            if newest.waiting[position] <= oldest.waiting[position]:
+            if newest.waiting[position] < oldest.waiting[position] + MIN_GROWTH:
                 continue
-            # newest first: each round's count is at least the one before it
+            # newest first: each round's count is at least the one before it (one prompt arriving and
+            # waiting for its window is not a queue building up: at least MIN_GROWTH more are)
             if all(later.waiting[position] >= earlier.waiting[position] for later, earlier in pairwise(window)):
                 out.append(Alert(
                     "waiting",
-                    f"rank {newest.ranks[position]} waiting prompts grew {oldest.waiting[position]} → "
+                    f"rank {newest.ranks[position]}: waiting {oldest.waiting[position]} → "
                     f"{newest.waiting[position]} over {bounds.growing_rounds} rounds",
                     "warn",
                     newest.ranks[position],

@@ -121,8 +121,8 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
         assert isinstance(app.screen, AlertsScreen)
         alerts = str(app.screen.query_one("#list").render())
         assert "tuner at epoch 4: TTFT p99 1.8 s > 1.5 s budget" in alerts
-        assert "rank 1 above the 0.9 watermark for 50+ rounds" in alerts
-        assert "rank 1 waiting prompts grew" in alerts
+        assert "rank 1: >0.9 for 50+ rounds (95% now)" in alerts
+        assert "rank 1: waiting 22 → 30 over 30 rounds" in alerts
         await pilot.press("a")
         await back_on_main(pilot, app)
 
