@@ -13,7 +13,6 @@ from itertools import pairwise
 from console.digest import WATERMARK, Digest
 from prefill_gate.v1 import types_pb2 as pb
 
-
 MIN_GROWTH = 3  # waiting prompts must grow by this many over the window to raise an alert
 
 

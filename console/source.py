@@ -114,7 +114,6 @@ class GrpcSource:
                     stopped = "stream ended: the engine stopped" + (
                         f" after round {newest.round:,}" if newest is not None else ""
                     )
-                    reason = ""
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in _PERMANENT:
                         sink.status(Link.FAILED, describe_rpc_error(exc, self.name))
@@ -130,7 +129,7 @@ class GrpcSource:
                 attempt += 1
                 if stopped:
                     # Stays "stopped" while nothing answers: a restart shows up as a new run.
-                    detail = f"{stopped}; watching for a restart" + (f" ({reason})" if reason else "")
+                    detail = f"{stopped}; watching for a restart"  # what answers meanwhile is beside the point
                     sink.status(Link.STOPPED, detail, retry_in_s=delay)
                 else:
                     sink.status(Link.RECONNECTING, f"{reason}; attempt {attempt}", retry_in_s=delay)

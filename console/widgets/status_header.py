@@ -103,7 +103,7 @@ class StatusHeader(Widget):
         record = state.record
         link = state.connection.link
         first = [Part(link_label(state.connection), style(_LINK_STYLE[link][1]), 9)]
-        if state.server_state and state.server_state != "serving":
+        if state.server_state and state.server_state != "serving" and link is not Link.STOPPED:
             first.append(Part(state.server_state, style("warn"), 7))
         first.append(Part(f"round {record.round:,}" if record is not None else "no rounds yet", "bold", 9))
         if link in (Link.LIVE, Link.REPLAY, Link.ENDED) or record is None:
