@@ -246,8 +246,8 @@ class IntervalEditor(EarlyKeys, ModalScreen[None]):
 
     async def _refused(self, error: AdminError) -> None:
         placed = set()
-        texts = {field: in_labels("; ".join(messages)) for field, messages in error.violations.items()
-                 if field in FIELDS}
+        # In the editor's order (A, then K): a message about both is said once, under the last of them.
+        texts = {field: in_labels("; ".join(error.violations[field])) for field in FIELDS if field in error.violations}
         shared = len(texts) > 1 and len(set(texts.values())) == 1  # one message about both fields
         for index, (field, text) in enumerate(texts.items()):
             if shared and index < len(texts) - 1:

@@ -131,7 +131,9 @@ class Heatmap(Widget):
         cell = max(min(columns // ranks, 6), 1) if ranks else 1
         shown = min(ranks, columns // cell) if cell else 0
         every = f" (every {self._stride}th)" if self._stride > 1 else ""
-        title = f" history · {ranks} ranks x {len(self._history)} rounds{every}, newest on top, two a line · m: metric"
+        plural = "s" if ranks != 1 else ""
+        rounds = len(self._history)
+        title = f" history · {ranks} rank{plural} x {rounds} rounds{every}, newest on top, two a line · m: metric"
         if self._frozen:
             title = f" {self._frozen} ·" + title
         legend = [Segment(f" {self._metric}: ", muted)]
