@@ -125,6 +125,13 @@ class GrpcSource:
                         self._resume = False
                         continue
                     reason = describe_rpc_error(exc, self.name)
+                    if not stopped and getattr(sink, "server_state", "") in ("draining", "stopped"):
+                        # The server said it was stopping, then the stream broke (a console that fell
+                        # behind is cut off when the drain's grace ends): the engine stopped all the same.
+                        newest = sink.newest
+                        stopped = "stream ended: the engine stopped" + (
+                            f" after round {newest.round:,}" if newest is not None else ""
+                        )
                 delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 attempt += 1
                 if stopped:
