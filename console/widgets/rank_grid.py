@@ -446,7 +446,8 @@ class RankGrid(ScrollView, can_focus=True, inherit_bindings=False):
         segments.extend(flags)
         used = sum(len(segment.text) for segment in flags)
         cell(" " * (FLAGS[columns.layout] - used))
-        return left, segments
+        # Neighbouring cells of one style become one segment: fewer segments for Textual to process.
+        return list(Strip(left).simplify()), list(Strip(segments).simplify())
 
     def _bar(self, occupancy: float, width: int, base: Style, hot: bool) -> list[Segment]:
         """A bar of `width` cells with eighth-cell resolution; the watermark cell is always drawn. Runs of
