@@ -42,7 +42,7 @@ def row(label: str, s: Summary) -> str:
 
 
 HEADER = (
-    "| run | extend rounds | extend share | ranks/extend round | output tok/s | prompt tok/s | TTFT p99 s "
+    "| run | extend rounds | extend share | ranks/extend round | output tok/s | submitted prompt tok/s | TTFT p99 s "
     "| ITL p50 ms | finished |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 )
 
