@@ -229,9 +229,10 @@ FULL_16K = _uniform(8, 0, 16384)
 
 # The extend slope every preset without an anchor of its own uses: lmsys.org 2025-05-05 measured 6-8k
 # prompt tokens/s per GPU (H100, large EP); 7k is the middle. Per prompt token, in a round where every rank
-# extends, that is 1/7000 s = 143 us in all, split (an assumption) 4:2:1 between the extending rank's own
-# attention and dense layers (prefill_per_token_s), the experts spread over the EP group (moe_per_token_s,
-# which decode already pins at 40-50 us) and the normal dispatch/combine legs (normal_per_token_s).
+# extends, that is 1/7000 s = 143 us in all (the fixed extend cost included), split between the extending
+# rank's own attention and dense layers (prefill_per_token_s), the experts spread over the EP group
+# (moe_per_token_s, which decode already pins at 30-50 us) and the normal dispatch/combine legs
+# (normal_per_token_s): an assumption per preset, stated in its docstring.
 LMSYS_TOKENS_PER_S = 7000.0
 
 
@@ -301,8 +302,8 @@ def _penalty_from_ratios(preset: CostPreset) -> CostPreset:
 #   3.35 TB/s that is about 1.2e-8 s per KV token, the figure used on Hopper below.
 #
 # Of the five, MILDEST_PRESET (gb200-dp8-vllm: a lone 1k prompt costs 9.2 decode ticks) and STEEPEST_PRESET
-# (mi355x-dp8-atom: 13.9) bracket the extend penalty; `lone_prompt_ratio` is the measure, and
-# tests/test_sim.py checks that these names are the extremes.
+# (mi355x-dp8-atom: 14.5) bracket the extend penalty; `lone_prompt_ratio` is the measure, and
+# tests/test_presets.py checks that these names are the extremes.
 
 
 def _h200_dp8_ep8() -> CostPreset:
@@ -524,7 +525,7 @@ for _make in (_h200_dp8_ep8, _h800_ep32_dsv3, _h100_ep72_dsv3, _mi355x_dp8_atom,
     DERIVATIONS[register(_make()).name] = _make.__doc__ or ""
 
 DEFAULT_PRESET = "h200-dp8-ep8"
-# The presets whose lone 1k prompt costs the fewest and the most decode ticks (`lone_prompt_ratio`): a
-# conclusion that holds under both holds under every preset here.
+# The presets whose lone 1k prompt costs the fewest and the most decode ticks (`lone_prompt_ratio`): the
+# lab reports its headline under both, so a reader sees how much a conclusion depends on the cost model.
 MILDEST_PRESET = "gb200-dp8-vllm"
 STEEPEST_PRESET = "mi355x-dp8-atom"
