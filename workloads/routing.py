@@ -122,9 +122,10 @@ class PrefixAffinity:
     Measured on the Mooncake conversation trace (trace seconds 0-300 at 0.2x, 8 ranks, ungated, default
     preset, SIMULATED): round-robin serves 6.0% of the prompt tokens from cache at TTFT p50/p99 2.6/14 s;
     affinity at 64: 19.7% at 6.7/117 s (one rank gets 129 requests, another 98); at 8: 14.5% at 4.0/27 s.
-    Affinity buys hits with imbalance; near capacity the imbalance can cost more TTFT than the hits save. A request without
-    prefix blocks (an Azure trace, a synthetic workload) has no match anywhere, so it goes by the
-    smallest cache, which with equal caches is the shortest queue.
+    Affinity buys hits with imbalance; near capacity the imbalance can cost more TTFT than the hits save.
+
+    A request without prefix blocks (an Azure trace, a synthetic workload) has no match anywhere, so it goes
+    by the smallest cache, which with equal caches is the shortest queue.
 
     What differs: SGLang's router matches text against its own approximate tree, filled as it routes and
     trimmed by size every `eviction_interval_secs`; this router reads the ranks' caches
