@@ -118,7 +118,7 @@ class PrefixAffinity:
     Ties (equal match, equal size) go to the least-loaded rank, then the lowest.
 
     `balance_abs_threshold` defaults to 8, not SGLang's 64: SGLang's router sits in front of whole servers
-    with hundreds of requests each, while a DP rank here holds tens, and at 64 the router never balances.
+    with hundreds of requests each, while a DP rank here holds tens, and at 64 the router rarely balances.
     Measured on the Mooncake conversation trace (trace seconds 0-300 at 0.2x, 8 ranks, ungated, default
     preset, SIMULATED): round-robin serves 6.0% of the prompt tokens from cache at TTFT p50/p99 2.6/14 s;
     affinity at 64: 19.7% at 6.7/117 s (one rank gets 129 requests, another 98); at 8: 14.5% at 4.0/27 s.
