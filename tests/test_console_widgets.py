@@ -22,29 +22,7 @@ from console.widgets.rank_grid import Columns
 from console.widgets.status_header import config_label, link_label
 from console.widgets.timeline import GAP, level, point_glyph
 from prefill_gate.v1 import types_pb2 as pb
-
-CONFIG = pb.GateConfig(epoch=2, attempt_interval=4, any_interval=12, enabled=True, policy="gate")
-
-
-def row(rank: int, **fields: object) -> pb.RankRow:
-    """A rank row; `blocks_all` and `above_watermark` follow the fields as the converter sets them."""
-    message = pb.RankRow(rank=rank, **fields)
-    message.blocks_all = message.has_decode_work and not message.want_prefill
-    message.above_watermark = message.occupancy > 0.9
-    return message
-
-
-def record(round_index: int, rows: list[pb.RankRow], *, point: int = pb.GATE_POINT_NONE, opened: bool = False,
-           counter: int = 0, dropped_before: int = 0, run_id: str = "run-a") -> pb.RoundRecord:
-    """A round record at 100 rounds/s of server time."""
-    return pb.RoundRecord(
-        round=round_index, unix_nanos=1_000_000_000 + round_index * 10_000_000, counter=counter, point=point,
-        open=opened, ranks=rows, config=CONFIG, dropped_before=dropped_before, run_id=run_id,
-        ranks_extending=sum(1 for r in rows if r.num_extends),
-        ranks_wanting=sum(1 for r in rows if r.want_prefill),
-        ranks_blocking_all=sum(1 for r in rows if r.blocks_all),
-    )
-
+from tests.console_pilot import Clock, record, row
 
 ROWS = [
     row(0, want_prefill=True, has_decode_work=True, batch_size=12, num_tokens=2060, num_extends=1,
@@ -54,16 +32,6 @@ ROWS = [
     row(2, want_prefill=False, has_decode_work=False, occupancy=0.0),
     row(3, want_prefill=True, has_decode_work=True, batch_size=7, num_tokens=7, occupancy=0.88, storage_reads=2),
 ]
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the store -------------------------------------------------------------------------------------
