@@ -463,8 +463,9 @@ async def test_the_cursor_does_not_look_like_a_blocking_rank_and_follows_a_click
         distance = abs(hue(cursor) - hue(blocks))
         assert min(distance, 360 - distance) > 90
         await pilot.click(RankGrid, offset=(2, 4))  # the header line, then ranks 0, 1, 2, 3
-        assert grid.cursor == 3
+        await until(pilot, lambda: grid.cursor == 3, "the cursor on the rank clicked")
         await pilot.click(RankGrid, offset=(2, 4))  # the cursor's rank again: its detail
         from console.screens.rank_detail import RankDetail
 
-        assert isinstance(app.screen, RankDetail) and app.screen.rank == 3
+        await until(pilot, lambda: isinstance(app.screen, RankDetail), "the rank's detail")
+        assert app.screen.rank == 3

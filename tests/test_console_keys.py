@@ -156,12 +156,12 @@ async def test_summary_sort_and_filter() -> None:
         await pilot.press("s")
         assert listed(app) == [0, 1, 2, 3, 4, 5]
         await pilot.click(RankGrid, offset=(1, 0))  # a click on the title sorted by: reversed
-        assert listed(app) == [5, 4, 3, 2, 1, 0]
+        await until(pilot, lambda: listed(app) == [5, 4, 3, 2, 1, 0], "reversed by a click on 'rank'")
         await pilot.click(RankGrid, offset=(1, 0))
-        assert listed(app) == [0, 1, 2, 3, 4, 5]
+        await until(pilot, lambda: listed(app) == [0, 1, 2, 3, 4, 5], "in rank order again")
         header = screen_text(app)[4]
         await pilot.click(RankGrid, offset=(header.index("occ%") + 1, 0))
-        assert listed(app) == [1, 4, 5, 2, 0, 3]
+        await until(pilot, lambda: listed(app) == [1, 4, 5, 2, 0, 3], "sorted by a click on 'occ%'")
 
         await pilot.press("slash", *"blocks", "enter")
         await back_on_main(pilot, app)
@@ -206,8 +206,10 @@ async def test_history_heatmap_and_clicks_that_move_in_time() -> None:
         # a click on the timeline shows that round; one on the heatmap too
         timeline = app.query_one(Timeline)
         await pilot.click(Timeline, offset=(timeline.size.width - 3, 1))
-        assert app.state.paused and app.state.record.round == 118
+        await until(pilot, lambda: app.state.paused, "the click on the timeline handled")
+        assert app.state.record.round == 118
         await pilot.click(Heatmap, offset=(10, 4))  # the second line of rounds: two older than the newest shown
+        await until(pilot, lambda: app.state.record.round != 118, "the click on the heatmap handled")
         assert app.state.record.round == 116
 
         # the seek bar: a click near its start goes near the start of the file
@@ -216,5 +218,5 @@ async def test_history_heatmap_and_clicks_that_move_in_time() -> None:
         line = next(line for line in text if "round 116 of 120" in line)
         start = line.index("━") if "━" in line else line.index("●")
         await pilot.click(PlayerBar, offset=(start + 1, 0))
-        assert app.state.record.round < 20
+        await until(pilot, lambda: app.state.record.round < 20, "the click on the seek bar handled")
         assert bar.display
