@@ -132,10 +132,9 @@ async def test_live_view_and_navigation_keys() -> None:
             await pilot.press("space")
             paused_at = app.state.record.round
             assert app.state.paused and "PAUSED" in header_text(app)
-            await pilot.pause(0.3)
+            await until(pilot, lambda: app.store.newest.round > paused_at, "a round after the pause")
             app.refresh_now()
             assert app.state.record.round == paused_at
-            assert app.store.newest.round > paused_at
 
             # left/right and shift+left/right move through the held rounds
             await pilot.press("left")
