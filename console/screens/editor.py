@@ -179,13 +179,18 @@ class IntervalEditor(EarlyKeys, ModalScreen[None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.pending = None  # an edit after the review: review again
-        field = next(name for name, target in FIELDS.items() if target == event.input.id)
-        error = check_whole(LABELS[field], event.value)
-        self.query_one(f"#{event.input.id}-error", Static).update(Text(error))
-        if error:
-            self.shown_violations[field] = error
-        else:
-            self.shown_violations.pop(field, None)
+        edited = [next(name for name, target in FIELDS.items() if target == event.input.id)]
+        if self.status_text and not self.status_text.startswith("applying"):
+            # What the status said (a review, a refusal, a result) was about the values before this edit.
+            self._status(self._opening_status(), ok=None)
+            edited = list(FIELDS)  # the server's messages go; each field's own check stays
+        for field in edited:
+            error = check_whole(LABELS[field], self.query_one(f"#{FIELDS[field]}", Input).value)
+            self.query_one(f"#{FIELDS[field]}-error", Static).update(Text(error))
+            if error:
+                self.shown_violations[field] = error
+            else:
+                self.shown_violations.pop(field, None)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.action_apply()
