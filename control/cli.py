@@ -11,6 +11,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from console.cli import add_console_parser, console_main
 from control.calibrate_cli import add_calibrate_parser, calibrate_main
+from control.host.nodes import add_node_args
 from control.host.serve import Attachment, add_run_args, serve_main
 from control.plane.ctl import add_ctl_parser, ctl_main
 from control.plane.grpc_server import add_server_args, attach_grpc, check_server_args
@@ -36,6 +37,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     add_run_args(serve)
     add_server_args(serve)
     add_telemetry_args(serve)
+    add_node_args(serve)
     return parser, {
         "serve": serve,
         "ctl": add_ctl_parser(sub),
