@@ -398,7 +398,18 @@ class ClusterDriver:
                     message = RankFailed(message.rank, f"on node {remote.node}: {message.error}", message.detail)
                 out.append(message)
         self.exited.update(m.rank for m in out if isinstance(m, RankExited))
+        if any(isinstance(m, RankFailed) and m.rank in self.layout.ranks for m in out):
+            self._blame_a_node()
         return out
+
+    def _blame_a_node(self, wait_s: float = 2.0) -> None:
+        """A local rank failed in a collective: if a node's link broke too, that node is the cause."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            for remote in self.remotes.values():
+                if remote.failure is not None:
+                    raise NodeFailure(remote.node, remote.ranks, remote.failure)
+            time.sleep(0.02)
 
     def poll_records(self, limit: int = 100_000) -> list[RoundRecord]:
         return self.local.poll_records(limit)
