@@ -238,3 +238,19 @@ def test_a_killed_node_ends_both_trees_nonzero_without_orphans(tmp_path: Path, v
     named = "node 1 (rank 1) failed" if victim == 1 else "node 1 (rank 1): lost the link to node 0"
     assert named in survivor.stderr and "Traceback" not in survivor.stderr
     assert left == []
+
+
+def test_ctrl_c_while_node_0_waits_for_an_agent_ends_it_at_once(tmp_path: Path):
+    """Node 0 blocks its event loop while the other nodes join; a Ctrl-C there still ends it, naming
+    what it waited for, and leaves no rank behind."""
+    engine = [*ENGINE[: ENGINE.index("--dp-size")], "--dp-size", "2", *ENGINE[ENGINE.index("--dp-size") + 2 :]]
+    controller = Node([*engine, *node_flags(free_port(), 0), "--port", "0"])
+    try:
+        controller.wait_for(r"waiting for node 1 \(rank 1\): its agent's address in the rendezvous store", 120)
+        os.kill(controller.process.pid, signal.SIGINT)
+        code = controller.wait(30)
+        left = no_orphans_within([controller.process.pid], 15)
+    finally:
+        controller.kill_tree()
+    assert code == 1 and "error: interrupted by SIGINT while waiting for node 1 (rank 1)" in controller.stderr
+    assert "stopping" not in "\n".join(controller.lines) and left == []

@@ -177,6 +177,8 @@ def cluster_driver(
         run_id=run_id,
         token=token,
         tls_ca=getattr(ns, "tls_cert", None),
+        ready_timeout_s=plan.rendezvous_timeout_s,
+        log=lambda line: print(line, flush=True),
         vote_log_dir=getattr(ns, "vote_log_dir", None),
         **local_kwargs,
     )

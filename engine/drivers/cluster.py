@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -60,6 +61,35 @@ class NodeFailure(RankFailure):
         self.rank = min(ranks)
         self.node = node
         self.detail = detail
+
+
+class StartInterrupted(RankFailure):
+    """Ctrl-C (or SIGTERM) while node 0 waited for the other nodes: nothing ran yet."""
+
+    def __init__(self, sig: int, waiting_for: str) -> None:
+        RuntimeError.__init__(self, f"interrupted by {signal.Signals(sig).name} while waiting for {waiting_for}")
+        self.rank = 0
+        self.detail = ""
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[list[int]]:
+    """While node 0 blocks its event loop waiting for agents, Ctrl-C and SIGTERM are noted here (the
+    list gets the signal) instead of waiting for a loop that cannot run; the old handlers come back."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    wakeup_fd = signal.set_wakeup_fd(-1)  # an event loop's signal pipe: it must not act on these later
+    for sig in previous:
+        signal.signal(sig, lambda number, _frame: caught.append(number))
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(wakeup_fd)
 
 
 def describe_ranks(ranks: Sequence[int]) -> str:
@@ -138,12 +168,15 @@ class NodeDirectory:
         """Say where `node`'s agent listens."""
         self.store.set(self.key(node), target)
 
-    def lookup(self, node: int, timeout_s: float) -> str:
-        """Where `node`'s agent listens; waits up to `timeout_s` for it to publish."""
-        try:
-            self.store.wait([self.key(node)], timedelta(seconds=timeout_s))
-        except Exception as exc:
-            raise TimeoutError(f"no agent published its address within {timeout_s:.0f} s") from exc
+    def lookup(self, node: int, timeout_s: float, stop: Callable[[], bool] = lambda: False) -> str | None:
+        """Where `node`'s agent listens; waits up to `timeout_s` for it to publish (None once `stop()`)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.store.check([self.key(node)]):
+            if stop():
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no agent published its address within {timeout_s:.0f} s")
+            time.sleep(0.05)
         return self.store.get(self.key(node)).decode()
 
 
@@ -297,6 +330,8 @@ class ClusterDriver:
         run_id: str,
         token: str | None = None,
         tls_ca: str | None = None,
+        ready_timeout_s: float = 300.0,
+        log: Callable[[str], None] = lambda line: None,
         **local_kwargs: Any,
     ) -> None:
         if layout.node != 0 or 0 not in layout.ranks:
@@ -307,6 +342,8 @@ class ClusterDriver:
         self.run_id = run_id
         self.token = token
         self.tls_ca = tls_ca
+        self.ready_timeout_s = ready_timeout_s
+        self.log = log
         self.local = ProcessDriver(args, ranks=layout.ranks, init_method=init_method, **local_kwargs)
         self.remotes: dict[int, RemoteNode] = {}
         self.exited: set[int] = set()
@@ -328,30 +365,42 @@ class ClusterDriver:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self, ready_timeout_s: float = 180.0, *, go: bool = True) -> list[RankMessage]:
+    def start(self, ready_timeout_s: float | None = None, *, go: bool = True) -> list[RankMessage]:
         """Spawn node 0's ranks, link every agent, wait until every rank of the group is ready."""
+        self.local.launch()  # first, on this thread: the ranks' parent-death signal is tied to it
+        with interruptible() as caught:
+            return self._start(self.ready_timeout_s if ready_timeout_s is None else ready_timeout_s, go, caught)
+
+    def _start(self, timeout_s: float, go: bool, caught: list[int]) -> list[RankMessage]:
         import json
 
         from prefill_gate.v1 import nodes_pb2 as pb
 
-        deadline = time.monotonic() + ready_timeout_s
-        self.local.launch()
+        deadline = time.monotonic() + timeout_s
         args_json = json.dumps(server_args_fields(self.args), sort_keys=True)
+        store = f"{self.directory.host}:{self.directory.port}"
         for node in range(1, self.layout.nnodes):
-            ranks = self.layout.nodes[node]
+            ranks, name = self.layout.nodes[node], self.layout.describe(node)
+            self.log(f"waiting for {name}: its agent's address in the rendezvous store at {store}")
             try:
-                target = self.directory.lookup(node, max(1.0, deadline - time.monotonic()))
+                target = self.directory.lookup(node, max(1.0, deadline - time.monotonic()), lambda: bool(caught))
             except TimeoutError as exc:
                 raise NodeFailure(node, ranks, f"{exc} (is its agent running?)") from exc
+            if target is None:
+                raise StartInterrupted(caught[0], name)
             remote = RemoteNode(node, ranks, target, token=self.token, tls_ca=self.tls_ca)
             self.remotes[node] = remote
             hello = pb.LinkHello(
                 run_id=self.run_id, node=node, nnodes=self.layout.nnodes, ranks=ranks, server_args_json=args_json
             )
             remote.open(hello, max(1.0, deadline - time.monotonic()))
+            scheme = "grpcs" if self.tls_ca else "grpc"
+            self.log(f"linked {name}: agent at {scheme}://{target} on {remote.hello.hostname} (pid {remote.hello.pid})")
         ready: set[int] = set()
         backlog: list[RankMessage] = []
         while len(ready) < self.args.dp_size:
+            if caught:
+                raise StartInterrupted(caught[0], "every rank to join the group")
             self.raise_if_failed()
             for message in self.poll_events(0.1):
                 if isinstance(message, RankFailed):
