@@ -77,7 +77,7 @@ async def _serve(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, drive
     pids = " ".join(str(p.pid) for p in driver.processes)
     scheme = "grpcs" if ns.tls_cert else "grpc"
     print(
-        f"{name}: agent at {scheme}://{target}, rank pids {pids}; waiting for node 0 "
+        f"{name}: agent at {scheme}://{target}, rank pids {pids}; waiting for {layout.controller} "
         f"(rendezvous {plan.master_addr}:{plan.master_port})",
         file=out,
         flush=True,
@@ -92,5 +92,5 @@ async def _serve(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, drive
     if failure is not None:
         print(f"error: {name}: {failure}", file=sys.stderr, flush=True)
         return 1
-    print(f"{name}: every rank exited; node 0 ended the run", file=out, flush=True)
+    print(f"{name}: every rank exited; {layout.controller} ended the run", file=out, flush=True)
     return 0

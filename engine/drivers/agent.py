@@ -49,18 +49,21 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
         layout = self.layout
         if hello.nnodes != layout.nnodes or hello.node != layout.node:
             return (
-                f"node 0 expects node {hello.node} of {hello.nnodes}, "
-                f"this agent is node {layout.node} of {layout.nnodes}"
+                f"{layout.controller} expects {layout.unit} {hello.node} of {hello.nnodes}, "
+                f"this agent is {layout.unit} {layout.node} of {layout.nnodes}"
             )
         if tuple(hello.ranks) != layout.ranks:
-            return f"node 0 expects {describe_ranks(hello.ranks)} here, this agent hosts {describe_ranks(layout.ranks)}"
+            return (
+                f"{layout.controller} expects {describe_ranks(hello.ranks)} here, "
+                f"this agent hosts {describe_ranks(layout.ranks)}"
+            )
         try:
             theirs = json.loads(hello.server_args_json)
         except ValueError:
-            return "node 0 sent unreadable engine flags"
+            return f"{layout.controller} sent unreadable engine flags"
         differences = args_difference(json.loads(json.dumps(server_args_fields(self.args))), theirs)
         if differences:
-            return "engine flags differ from node 0's: " + "; ".join(differences)
+            return f"engine flags differ from {layout.controller}'s: " + "; ".join(differences)
         return None
 
     async def Link(  # the gRPC method's name
@@ -68,13 +71,15 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
     ) -> AsyncIterator[pb.NodeReport]:
         """The run's link: hello, then commands in and reports out until node 0 ends it."""
         if self.linked or self.done.done():
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"node {self.layout.node} is already linked")
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, f"{self.layout.describe(self.layout.node)} is already linked"
+            )
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("command") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first command on a link must be a LinkHello")
         refused = self.refusal(first.hello)
         if refused is not None:
-            self.finish(f"refused node 0's link: {refused}")
+            self.finish(f"refused {self.layout.controller}'s link: {refused}")
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused)
         self.linked = True
         yield pb.NodeReport(
@@ -93,13 +98,14 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
                     self.finish(reader.result())
                     return
         except asyncio.CancelledError:
-            self.finish("lost the link to node 0 (its controller died or the network failed)")
+            self.finish(f"lost the link to {self.layout.controller} (its controller died or the network failed)")
             raise
         finally:
             reader.cancel()
 
     async def _read(self, requests: AsyncIterator[pb.NodeCommand]) -> str | None:
         """Apply node 0's commands until it ends the link; returns the run's outcome."""
+        controller = self.layout.controller
         try:
             async for command in requests:
                 kind = command.WhichOneof("command")
@@ -108,17 +114,17 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
                     self.driver.go(time.perf_counter() - command.go.clock)
                 elif kind == "end":
                     end = command.end
-                    return f"node 0 ended the run: {end.reason or 'no reason given'}" if end.failed else None
+                    return f"{controller} ended the run: {end.reason or 'no reason given'}" if end.failed else None
                 else:
                     rank, rank_command = command_from_pb(command)
                     if rank not in self.layout.ranks:
-                        return f"node 0 sent a command for rank {rank}, which is not on this node"
+                        return f"{controller} sent a command for rank {rank}, which is not on this {self.layout.unit}"
                     self.driver.send(rank, rank_command)
         except WireError as exc:
-            return f"unreadable command from node 0: {exc}"
+            return f"unreadable command from {controller}: {exc}"
         except grpc.RpcError as exc:
-            return f"lost the link to node 0 ({exc})"
-        return "node 0 closed the link without ending the run"
+            return f"lost the link to {controller} ({exc})"
+        return f"{controller} closed the link without ending the run"
 
     def _dead_ranks(self) -> list[RankMessage]:
         """A rank process that ended without a word (killed) is reported once as failed."""
@@ -143,6 +149,6 @@ async def supervise_unlinked(service: NodeAgentService, timeout_s: float) -> Non
             service.finish(f"{exc}" + (f": {errors[0]}" if errors else ""))
             return
         if time.monotonic() > deadline:
-            service.finish(f"node 0 did not link within {timeout_s:.0f} s")
+            service.finish(f"{service.layout.controller} did not link within {timeout_s:.0f} s")
             return
         await asyncio.sleep(0.1)

@@ -56,10 +56,10 @@ KEEPALIVE_OPTIONS = [
 class NodeFailure(RankFailure):
     """A node failed or its link did; the message is one line naming the node and its ranks."""
 
-    def __init__(self, node: int, ranks: Sequence[int], error: str, detail: str = "") -> None:
-        RuntimeError.__init__(self, f"node {node} ({describe_ranks(ranks)}) failed: {error}")
+    def __init__(self, name: str, ranks: Sequence[int], error: str, detail: str = "") -> None:
+        RuntimeError.__init__(self, f"{name} failed: {error}")
         self.rank = min(ranks)
-        self.node = node
+        self.name = name
         self.detail = detail
 
 
@@ -108,6 +108,7 @@ class NodeLayout:
 
     nodes: tuple[tuple[int, ...], ...]
     node: int = 0
+    unit: str = "node"  # what a member of the layout is called: a node, or a torchrun worker
 
     @classmethod
     def even(cls, dp_size: int, nnodes: int, node: int) -> NodeLayout:
@@ -126,7 +127,7 @@ class NodeLayout:
         """Under torchrun every worker process hosts its one rank (RANK, WORLD_SIZE)."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"RANK must be in [0, WORLD_SIZE={world_size}), got {rank}")
-        return cls(tuple((r,) for r in range(world_size)), rank)
+        return cls(tuple((r,) for r in range(world_size)), rank, unit="worker")
 
     @property
     def nnodes(self) -> int:
@@ -138,8 +139,13 @@ class NodeLayout:
         return self.nodes[self.node]
 
     def describe(self, node: int) -> str:
-        """'node 1 (ranks 2-3)'."""
-        return f"node {node} ({describe_ranks(self.nodes[node])})"
+        """'node 1 (ranks 2-3)', or 'worker 3 (rank 3)' under torchrun."""
+        return f"{self.unit} {node} ({describe_ranks(self.nodes[node])})"
+
+    @property
+    def controller(self) -> str:
+        """How messages name the member that runs the controller: 'node 0' or 'worker 0'."""
+        return f"{self.unit} 0"
 
 
 class NodeDirectory:
@@ -208,12 +214,14 @@ class RemoteNode:
         *,
         token: str | None = None,
         tls_ca: str | None = None,
+        name: str = "",
     ) -> None:
         import grpc
 
         from prefill_gate.v1 import nodes_pb2_grpc
 
         self.node = node
+        self.name = name or f"node {node} ({describe_ranks(ranks)})"
         self.ranks = tuple(ranks)
         self.target = target
         self.failure: str | None = None
@@ -245,7 +253,7 @@ class RemoteNode:
         if not self._said_hello.wait(timeout_s):
             self.failure = self.failure or f"its agent at {self.target} did not answer within {timeout_s:.0f} s"
         if self.failure:
-            raise NodeFailure(self.node, self.ranks, self.failure)
+            raise NodeFailure(self.name, self.ranks, self.failure)
 
     def send(self, rank: int, command: Command) -> None:
         self._commands.put(command_to_pb(rank, command))
@@ -335,7 +343,7 @@ class ClusterDriver:
         **local_kwargs: Any,
     ) -> None:
         if layout.node != 0 or 0 not in layout.ranks:
-            raise ValueError("the controller runs on node 0, which hosts rank 0")
+            raise ValueError(f"the controller runs on {layout.controller}, which hosts rank 0")
         self.args = args
         self.layout = layout
         self.directory = directory
@@ -385,10 +393,10 @@ class ClusterDriver:
             try:
                 target = self.directory.lookup(node, max(1.0, deadline - time.monotonic()), lambda: bool(caught))
             except TimeoutError as exc:
-                raise NodeFailure(node, ranks, f"{exc} (is its agent running?)") from exc
+                raise NodeFailure(name, ranks, f"{exc} (is its agent running?)") from exc
             if target is None:
                 raise StartInterrupted(caught[0], name)
-            remote = RemoteNode(node, ranks, target, token=self.token, tls_ca=self.tls_ca)
+            remote = RemoteNode(node, ranks, target, token=self.token, tls_ca=self.tls_ca, name=name)
             self.remotes[node] = remote
             hello = pb.LinkHello(
                 run_id=self.run_id, node=node, nnodes=self.layout.nnodes, ranks=ranks, server_args_json=args_json
@@ -444,7 +452,7 @@ class ClusterDriver:
                 except queue.Empty:
                     break
                 if isinstance(message, RankFailed):  # whoever reads it learns which node failed
-                    message = RankFailed(message.rank, f"on node {remote.node}: {message.error}", message.detail)
+                    message = RankFailed(message.rank, f"on {remote.name}: {message.error}", message.detail)
                 out.append(message)
         self.exited.update(m.rank for m in out if isinstance(m, RankExited))
         if any(isinstance(m, RankFailed) and m.rank in self.layout.ranks for m in out):
@@ -457,7 +465,7 @@ class ClusterDriver:
         while time.monotonic() < deadline:
             for remote in self.remotes.values():
                 if remote.failure is not None:
-                    raise NodeFailure(remote.node, remote.ranks, remote.failure)
+                    raise NodeFailure(remote.name, remote.ranks, remote.failure)
             time.sleep(0.02)
 
     def poll_records(self, limit: int = 100_000) -> list[RoundRecord]:
@@ -469,7 +477,7 @@ class ClusterDriver:
         for remote in self.remotes.values():
             # Reports read before the link failed come first: a rank's own error names the rank.
             if remote.failure is not None and remote.reports.empty():
-                raise NodeFailure(remote.node, remote.ranks, remote.failure)
+                raise NodeFailure(remote.name, remote.ranks, remote.failure)
 
     def alive(self) -> bool:
         remote_live = any(not r.ended and r.exited != set(r.ranks) for r in self.remotes.values())
@@ -481,7 +489,7 @@ class ClusterDriver:
     def terminate(self) -> None:
         """Kill node 0's ranks; end every link, clean only when every rank of the group exited."""
         clean = self.exited == set(range(self.args.dp_size))
-        reason = "" if clean else "node 0 ended the run before every rank exited"
+        reason = "" if clean else f"{self.layout.controller} ended the run before every rank exited"
         for remote in self.remotes.values():
             with contextlib.suppress(Exception):
                 remote.close(failed=not clean, reason=reason)
