@@ -15,7 +15,14 @@ from control.host.nodes import node_plan
 from control.plane.auth import BearerTokenInterceptor
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.agent import NodeAgentService
-from engine.drivers.cluster import LINK_METHOD, NodeFailure, NodeLayout, RemoteNode, server_args_fields
+from engine.drivers.cluster import (
+    LINK_METHOD,
+    NodeFailure,
+    NodeLayout,
+    RemoteNode,
+    args_difference,
+    shared_flags,
+)
 from engine.drivers.procs import ProcessDriver, RankExited, RankFailed, RankReady, RankRound
 from engine.drivers.wire import command_from_pb, command_to_pb, event_from_pb, event_to_pb, report_from_pb, report_to_pb
 from engine.request import (
@@ -182,7 +189,7 @@ def hello_for(args: ServerArgs, layout: NodeLayout, node: int) -> pb.LinkHello:
         node=node,
         nnodes=layout.nnodes,
         ranks=layout.nodes[node],
-        server_args_json=json.dumps(server_args_fields(args)),
+        server_args_json=json.dumps(shared_flags(args, None)),
     )
 
 
@@ -226,3 +233,11 @@ async def test_an_agent_refuses_a_link_meant_for_another_node():
     finally:
         await server.stop(0)
         service.driver.terminate()
+
+
+def test_nodes_must_agree_on_the_round_bound_too():  # every rank stops after the same round
+    args = sim_args(dp_size=4)
+    assert args_difference(shared_flags(args, None), shared_flags(args, 100)) == [
+        "--rounds (node 0: 100, this node: None)"
+    ]
+    assert args_difference(shared_flags(args, 100), shared_flags(args, 100)) == []

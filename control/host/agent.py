@@ -33,7 +33,11 @@ from prefill_gate.v1 import nodes_pb2_grpc
 def agent_main(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, out: TextIO = sys.stdout) -> int:
     """Run this node's agent until the run ends; returns the exit code."""
     driver = ProcessDriver(
-        args, ranks=plan.layout.ranks, init_method=plan.init_method, vote_log_dir=getattr(ns, "vote_log_dir", None)
+        args,
+        ranks=plan.layout.ranks,
+        init_method=plan.init_method,
+        max_rounds=getattr(ns, "rounds", None),
+        vote_log_dir=getattr(ns, "vote_log_dir", None),
     )
     # From the main thread, which lives as long as the agent: the ranks' parent-death signal is tied to it.
     driver.launch()

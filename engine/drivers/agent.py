@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from engine.config import ServerArgs
-from engine.drivers.cluster import NodeLayout, args_difference, describe_ranks, server_args_fields
+from engine.drivers.cluster import NodeLayout, args_difference, describe_ranks, shared_flags
 from engine.drivers.procs import ProcessDriver, RankFailed, RankFailure, RankMessage
 from engine.drivers.wire import WireError, command_from_pb, report_to_pb
 from prefill_gate.v1 import nodes_pb2 as pb
@@ -61,7 +61,8 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
             theirs = json.loads(hello.server_args_json)
         except ValueError:
             return f"{layout.controller} sent unreadable engine flags"
-        differences = args_difference(json.loads(json.dumps(server_args_fields(self.args))), theirs)
+        ours = json.loads(json.dumps(shared_flags(self.args, self.driver.spec.max_rounds)))
+        differences = args_difference(ours, theirs)
         if differences:
             return f"engine flags differ from {layout.controller}'s: " + "; ".join(differences)
         return None

@@ -385,7 +385,7 @@ class ClusterDriver:
         from prefill_gate.v1 import nodes_pb2 as pb
 
         deadline = time.monotonic() + timeout_s
-        args_json = json.dumps(server_args_fields(self.args), sort_keys=True)
+        args_json = json.dumps(shared_flags(self.args, self.local.spec.max_rounds), sort_keys=True)
         store = f"{self.directory.host}:{self.directory.port}"
         for node in range(1, self.layout.nnodes):
             ranks, name = self.layout.nodes[node], self.layout.describe(node)
@@ -501,6 +501,11 @@ def server_args_fields(args: ServerArgs) -> dict[str, Any]:
     import dataclasses
 
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+
+
+def shared_flags(args: ServerArgs, max_rounds: int | None) -> dict[str, Any]:
+    """What every node must agree on: the engine flags and the round bound (`--rounds`)."""
+    return {**server_args_fields(args), "rounds": max_rounds}
 
 
 def args_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
