@@ -54,7 +54,7 @@ async def _serve(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, drive
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, service.finish, f"stopped by {signal.Signals(sig).name} on this node")
+            loop.add_signal_handler(sig, service.finish, f"stopped by {signal.Signals(sig).name}")
     token = getattr(ns, "admin_token", None) or os.environ.get(TOKEN_ENV) or None
     interceptors = [BearerTokenInterceptor(token, {LINK_METHOD})] if token else []
     server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS])
@@ -89,6 +89,9 @@ async def _serve(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, drive
     watchdog = asyncio.create_task(supervise_unlinked(service, plan.rendezvous_timeout_s))
     failure = await service.done
     watchdog.cancel()
+    if service.linked:  # the link's last words reach node 0 before the ranks go
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(service.link_ended.wait(), 2.0)
     if failure is None:
         driver.join(10)  # every rank said goodbye before node 0 ended the link
     driver.terminate()

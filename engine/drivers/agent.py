@@ -37,6 +37,7 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
         self.poll_s = poll_s
         self.linked = False
         self.done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self.link_ended = asyncio.Event()
         self._reported_dead: set[int] = set()
 
     def finish(self, failure: str | None) -> None:
@@ -93,16 +94,20 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
         try:
             while True:
                 messages = await loop.run_in_executor(None, self.driver.poll_events, self.poll_s)
+                self._reported_dead.update(m.rank for m in messages if isinstance(m, RankFailed))
                 for message in [*messages, *self._dead_ranks()]:
                     yield report_to_pb(message)
                 if reader.done():
                     self.finish(reader.result())
                     return
+                if self.done.done():  # ended on this node (Ctrl-C): node 0 hears why
+                    await context.abort(grpc.StatusCode.ABORTED, str(self.done.result()))
         except asyncio.CancelledError:
             self.finish(f"lost the link to {self.layout.controller} (its controller died or the network failed)")
             raise
         finally:
             reader.cancel()
+            self.link_ended.set()
 
     async def _read(self, requests: AsyncIterator[pb.NodeCommand]) -> str | None:
         """Apply node 0's commands until it ends the link; returns the run's outcome."""
@@ -128,14 +133,15 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
         return f"{controller} closed the link without ending the run"
 
     def _dead_ranks(self) -> list[RankMessage]:
-        """A rank process that ended without a word (killed) is reported once as failed."""
+        """A rank process that ended without a word (killed) is reported once as failed; one that
+        reported its own failure first is not reported again."""
         out: list[RankMessage] = []
-        try:
-            self.driver.raise_if_failed()
-        except RankFailure as exc:
-            if exc.rank not in self._reported_dead:
-                self._reported_dead.add(exc.rank)
-                out.append(RankFailed(exc.rank, str(exc)))
+        for rank, process in zip(self.driver.ranks, self.driver.processes, strict=False):
+            code = process.exitcode
+            if code not in (None, 0) and rank not in self._reported_dead:
+                self._reported_dead.add(rank)
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                out.append(RankFailed(rank, f"process {process.pid} ended ({how})"))
         return out
 
 

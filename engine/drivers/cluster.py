@@ -316,6 +316,8 @@ def _link_error(exc: Any, target: str) -> str:
     name = code.name if code is not None else "ERROR"
     if name == "FAILED_PRECONDITION":
         return f"its agent refused the link: {details}"
+    if name == "ABORTED":
+        return f"its agent ended the link: {details}"
     if name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
         return f"its agent at {target} refused node 0's token ({name}: {details})"
     return f"lost the link to its agent at {target} ({name}: {details})"
@@ -355,6 +357,7 @@ class ClusterDriver:
         self.local = ProcessDriver(args, ranks=layout.ranks, init_method=init_method, **local_kwargs)
         self.remotes: dict[int, RemoteNode] = {}
         self.exited: set[int] = set()
+        self.failure: str | None = None  # the first failure seen: the reason every link is ended with
         self._remote_of = {rank: node for node in range(1, layout.nnodes) for rank in layout.nodes[node]}
 
     # -- what the backend reads off a ProcessDriver ------------------------------------------------
@@ -444,6 +447,14 @@ class ClusterDriver:
         self.local.send(0, Stop())
 
     def poll_events(self, timeout_s: float = 0.0) -> list[RankMessage]:
+        out = self._collect(timeout_s)
+        if any(isinstance(m, RankFailed) for m in out):
+            out = self._cause_first(out)
+            first = next(m for m in out if isinstance(m, RankFailed))
+            self.failure = self.failure or f"rank {first.rank} failed: {first.error}"
+        return out
+
+    def _collect(self, timeout_s: float) -> list[RankMessage]:
         out = self.local.poll_events(timeout_s)
         for remote in self.remotes.values():
             while True:
@@ -455,29 +466,45 @@ class ClusterDriver:
                     message = RankFailed(message.rank, f"on {remote.name}: {message.error}", message.detail)
                 out.append(message)
         self.exited.update(m.rank for m in out if isinstance(m, RankExited))
-        if any(isinstance(m, RankFailed) and m.rank in self.layout.ranks for m in out):
-            self._blame_a_node()
         return out
 
-    def _blame_a_node(self, wait_s: float = 2.0) -> None:
-        """A local rank failed in a collective: if a node's link broke too, that node is the cause."""
+    def _cause_first(self, out: list[RankMessage], wait_s: float = 2.0) -> list[RankMessage]:
+        """A collective that failed is a symptom: its peers see it the moment one rank or node dies.
+        Wait briefly for the cause (a broken link, a dead process, a rank's own error) and put it first."""
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            for remote in self.remotes.values():
-                if remote.failure is not None:
-                    raise NodeFailure(remote.name, remote.ranks, remote.failure)
-            time.sleep(0.02)
+        while all(_symptom(m) for m in out if isinstance(m, RankFailed)) and time.monotonic() < deadline:
+            self._raise_if_killed()
+            out += self._collect(0.02)
+        causes = [m for m in out if isinstance(m, RankFailed) and not _symptom(m)]
+        return causes + [m for m in out if m not in causes]
 
     def poll_records(self, limit: int = 100_000) -> list[RoundRecord]:
         return self.local.poll_records(limit)
 
+    def _raise_if_killed(self) -> None:
+        """A node whose link broke, or a local rank killed by a signal (not one that reported and exited)."""
+        for remote in self.remotes.values():
+            if remote.failure is not None:
+                failure = NodeFailure(remote.name, remote.ranks, remote.failure)
+                self.failure = self.failure or str(failure)
+                raise failure
+        for rank, process in zip(self.local.ranks, self.local.processes, strict=False):
+            if process.exitcode is not None and process.exitcode < 0:
+                failure = RankFailure(rank, f"process {process.pid} ended (killed by signal {-process.exitcode})")
+                self.failure = self.failure or str(failure)
+                raise failure
+
     def raise_if_failed(self) -> None:
         """Raise RankFailure for a dead local rank, NodeFailure for a node whose link failed."""
-        self.local.raise_if_failed()
-        for remote in self.remotes.values():
-            # Reports read before the link failed come first: a rank's own error names the rank.
-            if remote.failure is not None and remote.reports.empty():
-                raise NodeFailure(remote.name, remote.ranks, remote.failure)
+        try:
+            self.local.raise_if_failed()
+            for remote in self.remotes.values():
+                # Reports read before the link failed come first: a rank's own error names the rank.
+                if remote.failure is not None and remote.reports.empty():
+                    raise NodeFailure(remote.name, remote.ranks, remote.failure)
+        except RankFailure as exc:
+            self.failure = self.failure or str(exc)
+            raise
 
     def alive(self) -> bool:
         remote_live = any(not r.ended and r.exited != set(r.ranks) for r in self.remotes.values())
@@ -489,11 +516,16 @@ class ClusterDriver:
     def terminate(self) -> None:
         """Kill node 0's ranks; end every link, clean only when every rank of the group exited."""
         clean = self.exited == set(range(self.args.dp_size))
-        reason = "" if clean else f"{self.layout.controller} ended the run before every rank exited"
+        reason = "" if clean else self.failure or "it stopped before every rank exited (killed or interrupted)"
         for remote in self.remotes.values():
             with contextlib.suppress(Exception):
                 remote.close(failed=not clean, reason=reason)
         self.local.terminate()
+
+
+def _symptom(message: RankFailed) -> bool:
+    """A rank's all-gather failed (a peer is gone): what every other rank reports when one dies."""
+    return "CollectiveError" in message.error
 
 
 def server_args_fields(args: ServerArgs) -> dict[str, Any]:
