@@ -143,6 +143,7 @@ def test_under_torchrun_every_worker_hosts_its_rank():
     plan, args = node_plan(*parse("--max-num-seqs", "64"), environ={**env, "TORCHELASTIC_RUN_ID": "x"})
     assert plan is not None and plan.torchrun and plan.layout.ranks == (3,) and not plan.is_controller
     assert args.dp_size == 4 and plan.init_method == "env://" and not plan.host_store  # torchrun's store
+    assert plan.first_local_rank == 1  # LOCAL_RANK picks the GPU
     with pytest.raises(ValueError, match="WORLD_SIZE=4"):
         node_plan(*parse("--dp-size", "2"), environ=env)
     with pytest.raises(ValueError, match="come from its environment"):

@@ -37,6 +37,7 @@ def agent_main(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, out: Te
         ranks=plan.layout.ranks,
         init_method=plan.init_method,
         max_rounds=getattr(ns, "rounds", None),
+        first_local_rank=plan.first_local_rank,
         vote_log_dir=getattr(ns, "vote_log_dir", None),
     )
     # From the main thread, which lives as long as the agent: the ranks' parent-death signal is tied to it.

@@ -68,6 +68,7 @@ class NodePlan:
     node_port: int
     rendezvous_timeout_s: float
     torchrun: bool
+    first_local_rank: int = 0  # LOCAL_RANK under torchrun: which GPU this node's one rank uses
 
     @property
     def is_controller(self) -> bool:
@@ -120,6 +121,7 @@ def node_plan(
             node_port=ns.node_port,
             rendezvous_timeout_s=timeout,
             torchrun=True,
+            first_local_rank=int(env["local_rank"]),
         ), args
     if not nnodes or nnodes == 1:
         if getattr(ns, "node_rank", None):
@@ -178,6 +180,7 @@ def cluster_driver(
         token=token,
         tls_ca=getattr(ns, "tls_cert", None),
         ready_timeout_s=plan.rendezvous_timeout_s,
+        first_local_rank=plan.first_local_rank,
         log=lambda line: print(line, flush=True),
         vote_log_dir=getattr(ns, "vote_log_dir", None),
         **local_kwargs,

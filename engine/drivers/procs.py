@@ -268,6 +268,7 @@ class ProcessDriver:
         ranks: Sequence[int] | None = None,
         init_method: str | None = None,
         clock_origin: float | None = None,
+        first_local_rank: int = 0,
     ) -> None:
         import torch.multiprocessing as mp
 
@@ -281,6 +282,7 @@ class ProcessDriver:
                 f"({cpus} CPUs; at most {max(64, 8 * cpus)})"
             )
         self.args = args
+        self.first_local_rank = first_local_rank  # torchrun's LOCAL_RANK: the GPU of this driver's first rank
         self.clock_origin = time.perf_counter() if clock_origin is None else clock_origin
         self._ctx = mp.get_context("spawn")
         backend = "nccl" if args.device == "cuda" else "gloo"
@@ -318,7 +320,7 @@ class ProcessDriver:
 
     def launch(self) -> None:
         """Spawn the rank processes (from the thread that outlives them: see `die_with_parent`)."""
-        for local_rank, rank in enumerate(self.ranks):
+        for local_rank, rank in enumerate(self.ranks, start=self.first_local_rank):
             process = self._ctx.Process(
                 target=rank_main,
                 args=(rank, self.spec, self.inboxes[rank], self.events, self.records, self.records_dropped, local_rank),
