@@ -15,6 +15,8 @@ a `NodeFailure` naming the node at its next poll, and the run ends on every node
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import queue
 import signal
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import grpc
+
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.procs import (
     ProcessDriver,
@@ -33,11 +37,13 @@ from engine.drivers.procs import (
     RankFailed,
     RankFailure,
     RankMessage,
-    RankReady,
+    note_start,
 )
 from engine.drivers.wire import WireError, command_to_pb, report_from_pb
 from engine.record import RoundRecord
 from engine.request import Command, ProposeConfig, Stop
+from prefill_gate.v1 import nodes_pb2 as pb
+from prefill_gate.v1 import nodes_pb2_grpc
 
 AGENT_KEY = "prefill_gate/agents/{node}"
 RANKS_PREFIX = "prefill_gate/ranks"
@@ -216,10 +222,6 @@ class RemoteNode:
         tls_ca: str | None = None,
         name: str = "",
     ) -> None:
-        import grpc
-
-        from prefill_gate.v1 import nodes_pb2_grpc
-
         self.node = node
         self.name = name or f"node {node} ({describe_ranks(ranks)})"
         self.ranks = tuple(ranks)
@@ -228,7 +230,6 @@ class RemoteNode:
         self.hello: Any = None
         self.exited: set[int] = set()
         self.reports: queue.SimpleQueue[RankMessage] = queue.SimpleQueue()
-        self._grpc = grpc
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._said_hello = threading.Event()
         self._closing = False
@@ -245,8 +246,6 @@ class RemoteNode:
 
     def open(self, hello: Any, timeout_s: float) -> None:
         """Open the link with `hello` (a LinkHello) and wait for the agent's answer."""
-        from prefill_gate.v1 import nodes_pb2 as pb
-
         self._commands.put(pb.NodeCommand(hello=hello))
         self._call = self._stub.Link(self._outgoing(), metadata=self._metadata)
         self._thread.start()
@@ -259,8 +258,6 @@ class RemoteNode:
         self._commands.put(command_to_pb(rank, command))
 
     def go(self, clock: float) -> None:
-        from prefill_gate.v1 import nodes_pb2 as pb
-
         self._commands.put(pb.NodeCommand(go=pb.GoCommand(clock=clock)))
 
     @property
@@ -270,8 +267,6 @@ class RemoteNode:
 
     def close(self, failed: bool, reason: str = "", timeout_s: float = 5.0) -> None:
         """End the link: clean (every rank exited) or abandoned; waits for the agent to hang up."""
-        from prefill_gate.v1 import nodes_pb2 as pb
-
         self._closing = True
         if self._call is not None:
             self._commands.put(pb.NodeCommand(end=pb.EndLink(failed=failed, reason=reason)))
@@ -288,7 +283,6 @@ class RemoteNode:
             yield command
 
     def _read(self) -> None:
-        grpc = self._grpc
         try:
             for report in self._call:
                 if report.WhichOneof("report") == "hello":
@@ -383,10 +377,6 @@ class ClusterDriver:
             return self._start(self.ready_timeout_s if ready_timeout_s is None else ready_timeout_s, go, caught)
 
     def _start(self, timeout_s: float, go: bool, caught: list[int]) -> list[RankMessage]:
-        import json
-
-        from prefill_gate.v1 import nodes_pb2 as pb
-
         deadline = time.monotonic() + timeout_s
         args_json = json.dumps(shared_flags(self.args, self.local.spec.max_rounds), sort_keys=True)
         store = f"{self.directory.host}:{self.directory.port}"
@@ -414,12 +404,7 @@ class ClusterDriver:
                 raise StartInterrupted(caught[0], "every rank to join the group")
             self.raise_if_failed()
             for message in self.poll_events(0.1):
-                if isinstance(message, RankFailed):
-                    raise RankFailure(message.rank, message.error, message.detail)
-                if isinstance(message, RankReady):
-                    ready.add(message.rank)
-                else:
-                    backlog.append(message)
+                note_start(message, ready, backlog)
             if time.monotonic() > deadline:
                 missing = min(set(range(self.args.dp_size)) - ready)
                 raise RankFailure(missing, "did not start in time")
@@ -530,8 +515,6 @@ def _symptom(message: RankFailed) -> bool:
 
 def server_args_fields(args: ServerArgs) -> dict[str, Any]:
     """The engine flags every node must share, as plain values."""
-    import dataclasses
-
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
 
 

@@ -247,6 +247,16 @@ class RankFailure(RuntimeError):
         self.detail = detail
 
 
+def note_start(message: RankMessage, ready: set[int], backlog: list[RankMessage]) -> None:
+    """Sort a message read while the ranks start: a failure raises, a ready rank is noted, the rest kept."""
+    if isinstance(message, RankFailed):
+        raise RankFailure(message.rank, message.error, message.detail)
+    if isinstance(message, RankReady):
+        ready.add(message.rank)
+    else:
+        backlog.append(message)
+
+
 class ProcessDriver:
     """Spawns and supervises the rank processes of one group (or of one node's share of it: `ranks`).
 
@@ -343,12 +353,7 @@ class ProcessDriver:
                 if time.monotonic() > deadline:
                     raise RankFailure(min(set(self.ranks) - ready), "did not start in time") from None
                 continue
-            if isinstance(message, RankFailed):
-                raise RankFailure(message.rank, message.error, message.detail)
-            if isinstance(message, RankReady):
-                ready.add(message.rank)
-            else:
-                backlog.append(message)
+            note_start(message, ready, backlog)
         return backlog
 
     def go(self, clock_origin: float | None = None) -> None:
