@@ -242,3 +242,15 @@ def test_nodes_must_agree_on_the_round_bound_too():  # every rank stops after th
         "--rounds (node 0: 100, this node: None)"
     ]
     assert args_difference(shared_flags(args, 100), shared_flags(args, 100)) == []
+
+
+def test_every_field_of_every_event_has_a_wire_field():  # an engine field the link would drop fails here
+    from engine.drivers.wire import EVENT_FIELDS
+
+    missing = [
+        f"{cls.__name__}.{f.name}"
+        for cls in EVENT_FIELDS
+        for f in dataclasses.fields(cls)
+        if f.name not in getattr(pb, "Rank" + cls.__name__).DESCRIPTOR.fields_by_name
+    ]
+    assert missing == []

@@ -173,20 +173,22 @@ class RankTokens(_message.Message):
     def __init__(self, rid: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RankFinished(_message.Message):
-    __slots__ = ("rid", "rank", "round", "time", "reason", "output_len")
+    __slots__ = ("rid", "rank", "round", "time", "reason", "output_len", "detail")
     RID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     rid: str
     rank: int
     round: int
     time: float
     reason: str
     output_len: int
-    def __init__(self, rid: _Optional[str] = ..., rank: _Optional[int] = ..., round: _Optional[int] = ..., time: _Optional[float] = ..., reason: _Optional[str] = ..., output_len: _Optional[int] = ...) -> None: ...
+    detail: str
+    def __init__(self, rid: _Optional[str] = ..., rank: _Optional[int] = ..., round: _Optional[int] = ..., time: _Optional[float] = ..., reason: _Optional[str] = ..., output_len: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class RankRefused(_message.Message):
     __slots__ = ("rid", "rank", "error")
