@@ -50,7 +50,8 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
         "--vote-log-dir",
         default=None,
         metavar="DIR",
-        help="each rank of this node writes a line per round (round, point, open, counters, epoch) to DIR/rank<R>.log",
+        help="rank processes of this node write a line per round (round, point, open, counters, epoch) "
+        "to DIR/rank<R>.log",
     )
 
 
