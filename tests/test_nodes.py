@@ -26,7 +26,7 @@ from control.cli import build_parser
 from control.host.serve import build_workload
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.lockstep import LockstepDriver
-from engine.drivers.procs import free_port, vote_line
+from engine.drivers.procs import ProcessDriver, RankRound, free_port, vote_line
 from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, telemetry_pb2, telemetry_pb2_grpc
 from tests.test_grpc_server import self_signed
 
@@ -254,3 +254,27 @@ def test_ctrl_c_while_node_0_waits_for_an_agent_ends_it_at_once(tmp_path: Path):
         controller.kill_tree()
     assert code == 1 and "error: interrupted by SIGINT while waiting for node 1 (rank 1)" in controller.stderr
     assert "stopping" not in "\n".join(controller.lines) and left == []
+
+
+def test_go_rebases_a_ranks_wall_clock_on_node_0s():
+    """A remote node's ranks start on their own machine's clock; `Go` carries node 0's engine clock and
+    the rank re-bases on it, so its event times (TTFT, ITL) read on node 0's clock."""
+    from engine.request import Finished, FirstToken, Submit
+    from tests.test_torch_executor import spec, torch_args
+
+    driver = ProcessDriver(torch_args(dp_size=1), idle_wait_s=0.001)
+    events = []
+    try:
+        driver.start(go=False)
+        driver.send(0, Submit(spec("late", 6, 3)))
+        node0_clock = 1000.0  # node 0 has been running for 1000 s
+        driver.go(time.perf_counter() - node0_clock)  # the agent's origin for GoCommand(clock=1000)
+        deadline = time.monotonic() + 120
+        while not any(isinstance(e, Finished) for e in events):
+            assert time.monotonic() < deadline, events
+            events += [e for m in driver.poll_events(0.05) if isinstance(m, RankRound) for e in m.events]
+            driver.raise_if_failed()
+    finally:
+        driver.terminate()
+    first = next(e for e in events if isinstance(e, FirstToken))
+    assert node0_clock <= first.time < node0_clock + 60
