@@ -72,28 +72,29 @@ def test_decode_cuda_graphs_replay_the_eager_step():
     torch.cuda.set_device(0)
     args = torch_args(dp_size=1, device="cuda", model_experts=8, max_num_seqs=32, cuda_graph_max_batch=16)
     group = TorchGroup(0, 1, f"tcp://127.0.0.1:{free_port()}", backend="nccl", device="cuda")
+    timings: dict[str, float] = {}
     try:
-        executor = TorchExecutor(args, 0, group)
-        assert executor.graphs is not None and all(executor.graphs.has(b) for b in executor.buckets)
-        bucket = max(executor.buckets)
-        inputs = _decode_inputs(executor, bucket)
-        eager, _ = executor.decode_step(inputs, check=False)
-        replayed, overflow = executor.graphs.run(inputs)
-        assert torch.equal(eager, replayed) and not bool(overflow.any())
-        timings = {}
-        for name, step in (
-            ("eager", lambda: executor.decode_step(inputs, check=False)),
-            ("graph", lambda: executor.graphs.run(inputs)),
-        ):
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            for _ in range(50):
-                step()
-            torch.cuda.synchronize()
-            timings[name] = (time.perf_counter() - started) / 50
-        executor.close()
+        with torch.inference_mode():  # as `forward` runs, and as the graphs were captured
+            executor = TorchExecutor(args, 0, group)
+            assert executor.graphs is not None and all(executor.graphs.has(b) for b in executor.buckets)
+            bucket = max(executor.buckets)
+            inputs = _decode_inputs(executor, bucket)
+            eager, _ = executor.decode_step(inputs, check=False)
+            replayed, overflow = executor.graphs.run(inputs)
+            assert torch.equal(eager, replayed) and not bool(overflow.any())
+            for name, step in (
+                ("eager", lambda: executor.decode_step(inputs, check=False)),
+                ("graph", lambda: executor.graphs.run(inputs)),
+            ):
+                for _ in range(5):
+                    step()
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                for _ in range(50):
+                    step()
+                torch.cuda.synchronize()
+                timings[name] = (time.perf_counter() - started) / 50
+            executor.close()
     finally:
         group.close()
     record(
