@@ -254,3 +254,17 @@ def test_every_field_of_every_event_has_a_wire_field():  # an engine field the l
         if f.name not in getattr(pb, "Rank" + cls.__name__).DESCRIPTOR.fields_by_name
     ]
     assert missing == []
+
+
+def test_every_event_and_command_type_has_a_wire_form():  # a new engine type fails here, not on a node
+    import typing
+
+    from engine.drivers.wire import EVENT_FIELDS
+    from engine.request import Command, RequestEvent
+
+    assert set(typing.get_args(RequestEvent)) == set(EVENT_FIELDS)
+    commands = {Submit: Submit(RequestSpec("r", 1, 1)), Abort: Abort("r"), ProposeConfig: ProposeConfig(1, None)}
+    commands |= {UpdateWeights: UpdateWeights(), Stop: Stop()}
+    assert set(typing.get_args(Command)) == set(commands)
+    for command in commands.values():
+        assert command_from_pb(command_to_pb(0, command)) == (0, command)
