@@ -31,11 +31,18 @@ from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, telemetry_pb2, telemetry_
 from tests.test_grpc_server import self_signed
 
 TOKEN = "node-test-token"
-ENGINE = [
-    *("--executor", "sim", "--processes", "--dp-size", "4", "--enable-dp-attention"),
-    *("--prefill-attempt-interval", "4", "--prefill-any-attempt-interval", "16"),
-    *("--chunked-prefill-size", "256", "--max-num-seqs", "64"),
-]
+
+
+def engine_flags(dp_size: int) -> list[str]:
+    """Simulated ranks as processes, the gate on: the same on every node."""
+    return [
+        *("--executor", "sim", "--processes", "--dp-size", str(dp_size), "--enable-dp-attention"),
+        *("--prefill-attempt-interval", "4", "--prefill-any-attempt-interval", "16"),
+        *("--chunked-prefill-size", "256", "--max-num-seqs", "64"),
+    ]
+
+
+ENGINE = engine_flags(4)
 
 
 class Node:
@@ -211,8 +218,7 @@ def test_a_killed_node_ends_both_trees_nonzero_without_orphans(tmp_path: Path, v
     timeout_s = 20.0
     master_port = free_port()
     # One rank per node: what fails here is a node, and fewer processes start faster.
-    engine = [*ENGINE[: ENGINE.index("--dp-size")], "--dp-size", "2", *ENGINE[ENGINE.index("--dp-size") + 2 :]]
-    common = [*engine, "--collective-timeout-s", str(timeout_s), "--vote-log-dir", str(tmp_path)]
+    common = [*engine_flags(2), "--collective-timeout-s", str(timeout_s), "--vote-log-dir", str(tmp_path)]
     agent = Node([*common, *node_flags(master_port, 1)])
     controller = Node([*common, *node_flags(master_port, 0), "--port", "0", "--keep-serving", "--arrival", "none"])
     nodes = [controller, agent]
@@ -243,8 +249,7 @@ def test_a_killed_node_ends_both_trees_nonzero_without_orphans(tmp_path: Path, v
 def test_ctrl_c_while_node_0_waits_for_an_agent_ends_it_at_once(tmp_path: Path):
     """Node 0 blocks its event loop while the other nodes join; a Ctrl-C there still ends it, naming
     what it waited for, and leaves no rank behind."""
-    engine = [*ENGINE[: ENGINE.index("--dp-size")], "--dp-size", "2", *ENGINE[ENGINE.index("--dp-size") + 2 :]]
-    controller = Node([*engine, *node_flags(free_port(), 0), "--port", "0"])
+    controller = Node([*engine_flags(2), *node_flags(free_port(), 0), "--port", "0"])
     try:
         controller.wait_for(r"waiting for node 1 \(rank 1\): its agent's address in the rendezvous store", 120)
         os.kill(controller.process.pid, signal.SIGINT)
