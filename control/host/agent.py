@@ -24,7 +24,7 @@ import grpc
 from control.host.nodes import NodePlan
 from control.plane.auth import TOKEN_ENV, BearerTokenInterceptor
 from engine.config import ServerArgs
-from engine.drivers.agent import NodeAgentService, supervise_unlinked
+from engine.drivers.agent import NodeAgentService, supervise
 from engine.drivers.cluster import KEEPALIVE_OPTIONS, LINK_METHOD, dial_target
 from engine.drivers.procs import ProcessDriver
 from prefill_gate.v1 import nodes_pb2_grpc
@@ -87,7 +87,7 @@ async def _serve(ns: argparse.Namespace, args: ServerArgs, plan: NodePlan, drive
         file=out,
         flush=True,
     )
-    watchdog = asyncio.create_task(supervise_unlinked(service, plan.rendezvous_timeout_s))
+    watchdog = asyncio.create_task(supervise(service, plan.rendezvous_timeout_s))
     failure = await service.done
     watchdog.cancel()
     if service.linked:  # the link's last words reach node 0 before the ranks go

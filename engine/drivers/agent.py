@@ -100,8 +100,13 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
                 if reader.done():
                     self.finish(reader.result())
                     return
-                if self.done.done():  # ended on this node (Ctrl-C): node 0 hears why
+                if self.done.done():  # ended on this node (Ctrl-C, or its ranks gone): node 0 hears why
                     await context.abort(grpc.StatusCode.ABORTED, str(self.done.result()))
+                if context.done():  # node 0 hung up without a word
+                    self.finish(
+                        f"lost the link to {self.layout.controller} (its controller died or the network failed)"
+                    )
+                    return
         except asyncio.CancelledError:
             self.finish(f"lost the link to {self.layout.controller} (its controller died or the network failed)")
             raise
@@ -145,17 +150,30 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
         return out
 
 
-async def supervise_unlinked(service: NodeAgentService, timeout_s: float) -> None:
-    """Until node 0 links: a rank that dies, or no link within `timeout_s`, ends the agent."""
-    deadline = time.monotonic() + timeout_s
-    while not service.linked and not service.done.done():
-        try:
-            service.driver.raise_if_failed()
-        except RankFailure as exc:
-            errors = [m.error for m in service.driver.poll_events() if isinstance(m, RankFailed)]
-            service.finish(f"{exc}" + (f": {errors[0]}" if errors else ""))
-            return
-        if time.monotonic() > deadline:
-            service.finish(f"{service.layout.controller} did not link within {timeout_s:.0f} s")
-            return
+async def supervise(service: NodeAgentService, link_timeout_s: float, orphaned_after_s: float = 20.0) -> None:
+    """What the link cannot say. Before node 0 links: a rank that dies, or no link within
+    `link_timeout_s`, ends the agent. After: every rank of this node gone while node 0 still has not
+    ended the link (a link that went silent) ends it `orphaned_after_s` later."""
+    deadline = time.monotonic() + link_timeout_s
+    ranks_gone_at: float | None = None
+    while not service.done.done():
+        processes = service.driver.processes
+        if not service.linked:
+            try:
+                service.driver.raise_if_failed()
+            except RankFailure as exc:
+                errors = [m.error for m in service.driver.poll_events() if isinstance(m, RankFailed)]
+                service.finish(f"{exc}" + (f": {errors[0]}" if errors else ""))
+                return
+            if time.monotonic() > deadline:
+                service.finish(f"{service.layout.controller} did not link within {link_timeout_s:.0f} s")
+                return
+        elif processes and all(p.exitcode is not None for p in processes):
+            ranks_gone_at = ranks_gone_at or time.monotonic()
+            if time.monotonic() - ranks_gone_at > orphaned_after_s:
+                service.finish(
+                    f"every rank of this {service.layout.unit} ended and {service.layout.controller} "
+                    f"has not ended the run for {orphaned_after_s:.0f} s (a silent link?)"
+                )
+                return
         await asyncio.sleep(0.1)

@@ -54,6 +54,8 @@ KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_time_between_pings_ms", 1_000),  # else a ping may wait minutes after the last one
+    ("grpc.http2.ping_timeout_ms", 5_000),  # else an unanswered ping is given a minute
     ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1_000),
 ]
