@@ -255,11 +255,12 @@ class ProcessBackend:
         vote_log_dir: str | None = None,
         observer: str | None = None,
         observer_kwargs: dict[str, Any] | None = None,
+        driver: Any = None,  # a driver with ProcessDriver's interface (ranks on several nodes); default: one
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
         self.feeder = feeder
-        self.driver = ProcessDriver(
+        self.driver = driver or ProcessDriver(
             args,
             max_rounds=max_rounds,
             vote_log_dir=vote_log_dir,
@@ -268,12 +269,16 @@ class ProcessBackend:
         )
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
+        self._pending = Polled()
         self.origin = 0.0
 
     def start(self) -> None:
-        self.driver.start()
+        self.driver.start(go=False)
         # The run (its workload, its --duration) starts when the ranks can serve, not when their spawn began.
         self.origin = self.now()
+        # What is due at the start reaches round 0 on every rank (a run's start is then deterministic).
+        self._feed(self._pending)
+        self.driver.go()
 
     def now(self) -> float:
         if self.args.executor == "sim":
@@ -303,7 +308,7 @@ class ProcessBackend:
         return int(self.driver.records_dropped.value)
 
     def poll(self) -> Polled:
-        polled = Polled()
+        polled, self._pending = self._pending, Polled()
         polled.records = self.driver.poll_records()
         if polled.records:
             self._latest = polled.records[-1]
@@ -316,23 +321,28 @@ class ProcessBackend:
             elif isinstance(message, RankExited):
                 self._exited.add(message.rank)
         self.driver.raise_if_failed()
-        if self.feeder is not None:
-            origin = self.origin
-            now = self.now() - origin
-            for event in polled.events:
-                if isinstance(event, Finished | Refused):
-                    self.feeder.on_finished(event.rid, now)
-            for rank, spec in self.feeder.due(now, loads_of(self._latest, self.dp_size)):
-                spec = dataclasses.replace(spec, arrival=spec.arrival + origin)  # onto the engine's clock
-                self.submit(rank, spec)
-                polled.submitted.append((rank, spec))
-            polled.workload_done = self.feeder.done
+        self._feed(polled)
         polled.stopped = len(self._exited) == self.dp_size
         if polled.stopped:
             # Every rank said goodbye; wait for the processes so that rank 0's last records are flushed.
             self.driver.join(10)
             polled.records += self.driver.poll_records()
         return polled
+
+    def _feed(self, polled: Polled) -> None:
+        """Tell the workload what finished, submit what it has due now."""
+        if self.feeder is None:
+            return
+        origin = self.origin
+        now = self.now() - origin
+        for event in polled.events:
+            if isinstance(event, Finished | Refused):
+                self.feeder.on_finished(event.rid, now)
+        for rank, spec in self.feeder.due(now, loads_of(self._latest, self.dp_size)):
+            spec = dataclasses.replace(spec, arrival=spec.arrival + origin)  # onto the engine's clock
+            self.submit(rank, spec)
+            polled.submitted.append((rank, spec))
+        polled.workload_done = self.feeder.done
 
     def close(self) -> None:
         self.driver.terminate()

@@ -17,8 +17,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
+from control.host.agent import agent_main
 from control.host.backends import Backend, ProcessBackend, SimBackend
 from control.host.controller import Controller
+from control.host.nodes import NodePlan, cluster_driver, node_plan
 from control.telemetry.telemetry_cli import rank_observer_spec
 from engine.config import ServerArgs
 from engine.drivers.procs import RankFailure
@@ -215,8 +217,11 @@ def check_run_args(ns: argparse.Namespace, args: ServerArgs) -> None:
         )
 
 
-def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str) -> Backend:
-    """Rank processes for the torch executor, the lockstep simulator for `--executor sim`."""
+def build_backend(
+    args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str, nodes: NodePlan | None = None
+) -> Backend:
+    """Rank processes for the torch executor, the lockstep simulator for `--executor sim`; with `nodes`,
+    node 0's ranks and a link to every other node's agent."""
     spec = rank_observer_spec(ns, run_id, args.dp_size)  # None: tracing off, no observer at all
     observer, observer_kwargs = spec if spec is not None else (None, None)
     if args.executor == "sim" and not ns.processes:
@@ -225,7 +230,20 @@ def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Name
         )
     if ns.pace is not None:
         raise ValueError("--pace applies to the in-process simulator only (--executor sim without --processes)")
-    return ProcessBackend(args, workload, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs)
+    driver = None
+    if nodes is not None:
+        driver = cluster_driver(
+            args, nodes, ns, run_id, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs
+        )
+    return ProcessBackend(
+        args,
+        workload,
+        max_rounds=ns.rounds,
+        observer=observer,
+        observer_kwargs=observer_kwargs,
+        vote_log_dir=getattr(ns, "vote_log_dir", None),
+        driver=driver,
+    )
 
 
 def format_summary(summary: Summary, simulated: bool) -> str:
@@ -323,11 +341,14 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
     try:
         args = ServerArgs.from_cli_args(ns)
         check_run_args(ns, args)
+        nodes, args = node_plan(ns, args)
+        if nodes is not None and not nodes.is_controller:
+            return agent_main(ns, args, nodes)
         trace = load_trace_arg(ns)
         if trace is not None:
             print(describe_trace(ns, trace, args), flush=True)
         workload = build_workload(ns, args, trace)
-        backend = build_backend(args, workload, ns, run_id)
+        backend = build_backend(args, workload, ns, run_id, nodes)
     except (ValueError, OSError) as exc:
         # The whole usage of ~50 flags would bury the one line that matters.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
