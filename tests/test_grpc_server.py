@@ -234,3 +234,33 @@ def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; 
     ):
         with pytest.raises(ValueError, match=message):
             check_server_args(parser.parse_args(argv))
+
+
+async def test_garbage_protobuf_is_an_invalid_argument_and_changes_nothing():  # every service, by hand-made bytes
+    truncated_varint = b"\x08"  # field 1 (varint) with no value
+    short_bytes = b"\x0a\x05ab"  # field 1 (length 5) with two bytes
+    bad_tag = b"\x00\x01"  # field number 0 is not a field
+    calls = [
+        ("/prefill_gate.v1.GateTelemetry/GetSnapshot", "unary", truncated_varint),
+        ("/prefill_gate.v1.GateTelemetry/GetRounds", "unary", short_bytes),
+        ("/prefill_gate.v1.GateTelemetry/WatchRounds", "stream", bad_tag),
+        ("/prefill_gate.v1.GateAdmin/UpdateIntervals", "unary", truncated_varint),
+        ("/prefill_gate.v1.GateRequests/Submit", "stream", short_bytes),
+        ("/prefill_gate.v1.GateRequests/Abort", "unary", bad_tag),
+    ]
+    async with serving(ARGS) as served:
+        before = served.controller.config
+        for method, kind, body in calls:
+            make = served.channel.unary_unary if kind == "unary" else served.channel.unary_stream
+            call = make(method)(body, metadata=served.auth)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                if kind == "unary":
+                    await call
+                else:
+                    await read_to_end(call)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, refused.value)
+            request_type = f"prefill_gate.v1.{method.rsplit('/', 1)[1]}Request"
+            assert f"the request is not a valid {request_type}" in refused.value.details(), refused.value.details()
+        snapshot = await served.telemetry.GetSnapshot(telemetry_pb2.GetSnapshotRequest())
+        assert served.controller.config == before and snapshot.stats.requests_submitted == 0
+        assert snapshot.state == "serving"  # and the server still serves

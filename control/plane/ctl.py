@@ -38,7 +38,9 @@ from prefill_gate.v1 import types_pb2 as pb
 # A stream reader that wants fresh records keeps the transport's receive window small: with gRPC's
 # defaults (BDP probing) megabytes of old records pile up in HTTP/2 buffers before the server's own
 # bounded queue, which counts what it drops, ever fills (see PRACTICE.md).
-FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65536))
+# Lookahead 0: the window opens only for the read in progress, so nothing waits in HTTP/2 buffers while
+# the reader is busy (see WatchRounds in the proto).
+FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 0))
 POINTS = {pb.GATE_POINT_NONE: "-", pb.GATE_POINT_ANY: "ANY", pb.GATE_POINT_ALL: "ALL"}
 
 

@@ -32,16 +32,10 @@ from grpc_reflection.v1alpha import reflection
 
 from control.host.controller import Controller
 from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, BearerTokenInterceptor
+from control.plane.handlers import add_service
 from control.plane.recording import RecordingWriter
 from control.plane.services import GateAdmin, GateRequests, GateTelemetry
-from prefill_gate.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    requests_pb2,
-    requests_pb2_grpc,
-    telemetry_pb2,
-    telemetry_pb2_grpc,
-)
+from prefill_gate.v1 import admin_pb2, requests_pb2, telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 
 SERVICE_NAMES = (
@@ -158,9 +152,9 @@ class ControlPlane:
         interceptors = [BearerTokenInterceptor(options.token)] if options.token else []
         # Without SO_REUSEPORT a second server on the same port fails to bind instead of sharing it.
         server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
-        telemetry_pb2_grpc.add_GateTelemetryServicer_to_server(self.telemetry, server)
-        admin_pb2_grpc.add_GateAdminServicer_to_server(GateAdmin(controller), server)
-        requests_pb2_grpc.add_GateRequestsServicer_to_server(GateRequests(controller), server)
+        add_service(server, self.telemetry, telemetry_pb2.DESCRIPTOR.services_by_name["GateTelemetry"])
+        add_service(server, GateAdmin(controller), admin_pb2.DESCRIPTOR.services_by_name["GateAdmin"])
+        add_service(server, GateRequests(controller), requests_pb2.DESCRIPTOR.services_by_name["GateRequests"])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
         reflection.enable_server_reflection((*SERVICE_NAMES, health_name, reflection.SERVICE_NAME), server)

@@ -5,7 +5,8 @@ semantics; this module only translates values and turns the controller's excepti
 
 - invalid values: INVALID_ARGUMENT with a `google.rpc.BadRequest` naming every bad field;
 - a stale `expected_epoch`: FAILED_PRECONDITION; a resume point older than the history: OUT_OF_RANGE;
-- anything while the engine drains: UNAVAILABLE.
+- anything while the engine drains: UNAVAILABLE; a stream the engine's crash cut short: UNAVAILABLE with
+  the reason (never OK, which only a clean stop gives).
 
 Authentication of the mutating calls is not here: `control.plane.auth` intercepts them before a servicer runs.
 """
@@ -31,7 +32,7 @@ from control.host.controller import (
     StaleEpoch,
 )
 from control.plane.convert import gate_config
-from control.plane.hub import MAX_QUEUE, OutOfHistory, Subscriber
+from control.plane.hub import MAX_QUEUE, OutOfHistory, StreamFailed, Subscriber
 from control.telemetry.telemetry_cli import trace_spans_dropped
 from engine.metrics import Summary
 from engine.request import Finished, FirstToken, Refused, RequestError, RequestEvent, Tokens
@@ -65,7 +66,7 @@ async def abort_invalid(context: grpc.aio.ServicerContext, message: str, violati
     await context.abort_with_status(rpc_status.to_status(status))
 
 
-async def send(context: grpc.aio.ServicerContext, message: Message) -> bool:
+async def send(context: grpc.aio.ServicerContext, message: Message | bytes) -> bool:
     """Write one message of a server stream; False when the call is over (the client went away).
 
     A write that is waiting on flow control when the client cancels fails with grpc's internal
@@ -155,8 +156,11 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
         self.streams.add(subscriber)
         self._no_streams.clear()
         try:
-            while (message := await subscriber.next()) is not None and await send(context, message):
+            # One write at a time, each chosen when the previous one completed (freshness, see the proto).
+            while (frame := await subscriber.next_frame()) is not None and await send(context, frame):
                 pass
+        except StreamFailed as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             hub.unsubscribe(subscriber)
             self.streams.discard(subscriber)
