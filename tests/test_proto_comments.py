@@ -27,7 +27,7 @@ def uncommented(text: str) -> list[str]:
         if code.strip().startswith(("syntax", "package", "import", "option", "reserved")):
             continue
         match = ELEMENT.match(code)
-        if match is None or match.group("block") == "oneof" and "//" in line:
+        if match is None:
             continue
         name = next(group for group in match.groups()[1:] if group)
         previous = lines[number - 2].strip() if number > 1 else ""
