@@ -160,6 +160,9 @@ class RankEngine:
             adopted_epoch=adopted,
             stop=rows[0].stop,
         )
+        if outcome.stop and self.scheduler.live:  # every rank leaves after this round: say what it leaves
+            self.scheduler.cut_off(f"the engine stopped after round {self.round} (an agreed stop)")
+            outcome.events += self.scheduler.take_events()
         if self.rank == 0:
             outcome.record = self._record(outcome, record_config)
         self.round += 1

@@ -130,6 +130,7 @@ class FinishReason(StrEnum):
 
     LENGTH = "length"
     ABORT = "abort"
+    CUT_OFF = "cut_off"  # the engine stopped (an agreed stop, a crash, a lost rank) before the request finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,7 @@ class Tokens:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The request ended; `output_len` tokens were produced."""
+    """The request ended; `output_len` tokens were produced. `detail` says why a request was cut off."""
 
     rid: str
     rank: int
@@ -182,6 +183,7 @@ class Finished:
     time: float
     reason: FinishReason
     output_len: int
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)

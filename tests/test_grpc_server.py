@@ -22,7 +22,7 @@ from control.host.controller import Controller
 from control.plane.auth import DEFAULT_PORT, TOKEN_ENV
 from control.plane.grpc_server import SERVICE_NAMES, ControlPlane, PlaneOptions, add_server_args, check_server_args
 from engine.request import RequestSpec
-from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, requests_pb2, telemetry_pb2
+from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, requests_pb2, telemetry_pb2, telemetry_pb2_grpc
 from tests.grpc_plane import TOKEN, serving
 from tests.helpers import sim_args
 
@@ -68,6 +68,14 @@ async def until_health(channel: grpc.aio.Channel, status: int, timeout_s: float 
             await asyncio.sleep(0.02)
 
 
+async def health_and_state(channel: grpc.aio.Channel) -> tuple[int, str]:
+    """Health and GetSnapshot's state, read in one step of the server's loop (no round can come between)."""
+    snapshot = telemetry_pb2_grpc.GateTelemetryStub(channel).GetSnapshot(telemetry_pb2.GetSnapshotRequest())
+    health = health_of(channel)
+    both = await asyncio.gather(health, snapshot)
+    return both[0], both[1].state
+
+
 async def test_health_follows_the_rounds():  # starting, serving, stalled, serving, draining
     feeder = StallingFeeder()
     backend = SimBackend(ARGS, feeder, pace=0.5)
@@ -82,10 +90,18 @@ async def test_health_follows_the_rounds():  # starting, serving, stalled, servi
         run = asyncio.create_task(controller.run())
         await until_health(channel, SERVING)
         assert [await health_of(channel, s) for s in SERVICE_NAMES] == [SERVING] * 3
+        assert await health_and_state(channel) == (SERVING, "serving")
         feeder.hold.set()  # no round for longer than --stall-after
         await until_health(channel, NOT_SERVING)
+        for _ in range(5):  # health and the snapshot agree on the stall (they read one decision)
+            status, state = await health_and_state(channel)
+            assert (status, state) == (NOT_SERVING, "stalled")
+            await asyncio.sleep(0.05)
+        snapshot = await telemetry_pb2_grpc.GateTelemetryStub(channel).GetSnapshot(telemetry_pb2.GetSnapshotRequest())
+        assert snapshot.last_round_age_seconds >= 0.3
         feeder.hold.clear()
         await until_health(channel, SERVING)
+        assert (await health_and_state(channel))[1] == "serving"
         await plane.drain()
         assert await health_of(channel) == NOT_SERVING
         assert controller.stopped.is_set() and run.done()
@@ -201,13 +217,23 @@ async def test_drain_ends_every_stream_cleanly_and_stops_the_ranks():  # the SIG
         last_round = served.controller.latest.round
         seen = [record.round for record in await read_to_end(lossless)]  # what was queued, then the end
         rest = await read_to_end(latest)
-        events = await read_to_end(submit)
+        events = []
+        with pytest.raises(grpc.aio.AioRpcError) as cut:
+            while (event := await submit.read()) is not grpc.aio.EOF:
+                events.append(event)
         late = [record async for record in served.telemetry.WatchRounds(telemetry_pb2.WatchRoundsRequest())]
-        codes = [await call.code() for call in (lossless, latest, submit)]
+        codes = [await call.code() for call in (lossless, latest)]
+        snapshot = await served.telemetry.GetSnapshot(telemetry_pb2.GetSnapshotRequest())
         assert await health_of(served.channel) == NOT_SERVING
-    assert codes == [grpc.StatusCode.OK] * 3  # not UNAVAILABLE: the client can tell a drain from a crash
+    assert codes == [grpc.StatusCode.OK] * 2  # not UNAVAILABLE: the client can tell a drain from a crash
     assert seen[-1] == last_round and rest[-1].round == last_round and late == []
-    assert events[-1].finished.reason == "abort"
+    # The request the stop cut short says so, with what it generated, and its call is no success.
+    finished = events[-1].finished
+    assert finished.reason == "cut_off" and 0 < finished.output_len < 2000 and "stopped" in finished.detail
+    assert cut.value.code() == grpc.StatusCode.UNAVAILABLE and cut.value.details() == finished.detail
+    stats = snapshot.stats
+    assert (stats.requests_submitted, stats.requests_cut_off, stats.requests_finished) == (1, 1, 0)
+    assert snapshot.state == "stopped" and snapshot.failure == ""
 
 
 def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; the token from the environment

@@ -145,6 +145,9 @@ class Controller:
         self._started_wall = time.monotonic()
         self._stop_requested = False
         self._killed = False
+        self.failure: str | None = None  # why the run ended abnormally (a crash, a lost rank, a kill)
+        self.stalled = False  # set by whoever watches health (the control plane), so every view agrees
+        self._tokens_seen: dict[str, int] = {}  # output tokens the controller saw per live request
         self._workload_done = False
         self.draining = asyncio.Event()  # set by request_stop: health flips at once, not at the next poll
         self.stopped = asyncio.Event()
@@ -158,7 +161,11 @@ class Controller:
         self._started_wall = time.monotonic()
 
     async def run(self, poll_interval_s: float = 0.002) -> None:
-        """Pump until every rank stopped; the backend is closed on the way out."""
+        """Pump until every rank stopped; the backend is closed on the way out.
+
+        A run that ends any other way than every rank leaving after the same round (a rank's failure,
+        a lost process, a kill) sets `failure`, fails every round stream with it, and re-raises.
+        """
         try:
             while not self._killed:
                 polled = self.pump()
@@ -167,16 +174,38 @@ class Controller:
                     break
                 self._check_bounds()
                 await asyncio.sleep(poll_interval_s if not polled.records else 0)
+            if self._killed:
+                self.failure = "the engine was killed without an agreed stop (a second Ctrl-C or kill())"
+        except BaseException as exc:
+            self.failure = _one_line(exc)
+            raise
         finally:
-            self.state = "stopped"
+            self.state = "failed" if self.failure else "stopped"
             self.backend.close()
             for waiter in self._waiters.values():
                 if not waiter.done():
                     waiter.set_exception(Draining("the engine stopped before adopting the change"))
-            now = self.backend.now()
-            for stream in self._streams.values():  # their ranks are gone: end every open stream
-                stream.queue.put_nowait(Finished(stream.rid, stream.rank, -1, now, FinishReason.ABORT, 0))
+            self._cut_off_live()
+            if self.failure:
+                last = self.latest.round if self.latest else None
+                self.hub.fail_all(f"{self.failure} (last round published: {last})")
             self.stopped.set()
+
+    def _cut_off_live(self) -> None:
+        """Requests no rank reported ending are cut off: every one ends, counted and streamed."""
+        if not self._live:
+            return
+        if self.failure:
+            detail = f"cut off: {self.failure}"
+        else:
+            detail = f"cut off: the engine stopped after round {self.latest.round if self.latest else 0}"
+        now = self.backend.now()
+        events: list[RequestEvent] = [
+            Finished(rid, rank, -1, now, FinishReason.CUT_OFF, self._tokens_seen.get(rid, 0), detail)
+            for rid, rank in self._live.items()
+        ]
+        self.metrics.add_events(events)
+        self._route_events(events)
 
     def pump(self) -> Polled:
         """Move one poll's worth of engine output to every consumer."""
@@ -228,6 +257,12 @@ class Controller:
             stream = self._streams.get(event.rid)
             if isinstance(event, Finished | Refused):
                 self._live.pop(event.rid, None)
+                self._tokens_seen.pop(event.rid, None)
+            elif isinstance(event, Tokens) and event.rid in self._live:
+                self._tokens_seen[event.rid] = self._tokens_seen.get(event.rid, 0) + len(event.tokens)
+            elif isinstance(event, FirstToken) and event.rid in self._live:
+                # The simulator reports no token ids: its first token is all a crash leaves countable.
+                self._tokens_seen[event.rid] = max(1, self._tokens_seen.get(event.rid, 0))
             if stream is None:
                 continue
             if isinstance(event, Admitted):
@@ -256,7 +291,7 @@ class Controller:
 
     def request_stop(self) -> None:
         """Drain: take no new work, and have every rank stop after the same round (no-op once stopped)."""
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             return
         self._stop_requested = True
         self.state = "draining"
@@ -270,6 +305,20 @@ class Controller:
         if self.state != "serving":
             return False
         return time.monotonic() - self._last_record_wall <= self.stall_after_s
+
+    @property
+    def ended(self) -> bool:
+        """The run is over, cleanly or not: nothing reaches a rank any more."""
+        return self.state in ("stopped", "failed")
+
+    @property
+    def reported_state(self) -> str:
+        """The state every surface reports: `state`, or "stalled" while the health watcher says so."""
+        return "stalled" if self.state == "serving" and self.stalled else self.state
+
+    def last_round_age_s(self) -> float:
+        """Wall seconds since the newest round arrived (0 before the first)."""
+        return time.monotonic() - self._last_record_wall if self.latest is not None else 0.0
 
     def summary(self) -> Summary:
         """The run's figures so far."""
@@ -338,7 +387,7 @@ class Controller:
         validate_only: bool = False,
     ) -> IntervalUpdate:
         """Validate, then have every rank adopt the change on the same round (G1)."""
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             raise Draining("the engine is draining")
         candidate = self.validate_intervals(attempt, any_, disable=disable)
         if expected_epoch is not None and expected_epoch != self._accepted_epoch:
@@ -364,7 +413,7 @@ class Controller:
         Raises Draining, RequestRejected (every bad field named) or DuplicateRequest. A request reaches a
         rank only once it passes the checks the rank would make, so no rank refuses it later.
         """
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             raise Draining("the engine is draining")
         if spec is None:
             rid = str(fields.pop("rid", "") or f"req-{self.run_id}-{next(self._ids)}")
@@ -404,6 +453,11 @@ class Controller:
             return False
         self.backend.abort(rank, rid)
         return True
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _delay_of(row: object) -> PrefillDelay | None:

@@ -148,7 +148,7 @@ def format_summary(summary: Summary, simulated: bool) -> str:
             f"summary{label}",
             f"  rounds {summary.rounds}  elapsed {summary.elapsed_s:.2f} s  requests finished "
             f"{summary.requests_finished}/{summary.requests_submitted} (aborted {summary.requests_aborted}, "
-            f"refused {summary.requests_refused})",
+            f"refused {summary.requests_refused}, cut off {summary.requests_cut_off})",
             f"  output tokens/s {tps}",
             f"  TTFT p50 {ms(summary.ttft_p50_s)}  p99 {ms(summary.ttft_p99_s)}",
             f"  ITL  p50 {ms(summary.itl_p50_s)}  p99 {ms(summary.itl_p99_s)}",

@@ -252,6 +252,10 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
     s = snapshot.stats
     head = f"run {snapshot.run_id}  {snapshot.dp_size} ranks  executor {snapshot.executor}  [{snapshot.state}]"
     print(head, file=out)
+    if snapshot.failure:
+        print(f"failed: {snapshot.failure}", file=out)
+    elif snapshot.state == "stalled":
+        print(f"stalled: no round for {snapshot.last_round_age_seconds:.1f} s", file=out)
     print(f"config: {format_config(snapshot.config)}", file=out)
     print(
         f"rounds {s.rounds} ({s.rounds_per_second:,.0f}/s engine clock)  history {snapshot.history_first_round}"
@@ -260,7 +264,8 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
     )
     print(
         f"requests {s.requests_finished}/{s.requests_submitted} finished, {s.requests_aborted} aborted, "
-        f"{s.requests_refused} refused  output tokens/s {s.output_tokens_per_second:,.1f}",
+        f"{s.requests_refused} refused, {s.requests_cut_off} cut off  "
+        f"output tokens/s {s.output_tokens_per_second:,.1f}",
         file=out,
     )
     print(

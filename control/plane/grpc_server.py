@@ -7,7 +7,8 @@ Health follows the rounds: NOT_SERVING until the first round, SERVING while roun
 when no round came for `--stall-after` seconds, and NOT_SERVING for good once the engine drains.
 
 Drain (SIGTERM): health flips, every rank stops after the same round, then every WatchRounds stream
-ends with OK after the rounds it had queued, and only then does the server stop. `server.stop(grace)`
+ends with OK after the rounds it had queued, and only then does the server stop. When the engine fails
+instead (a rank crashed or was lost) every stream ends at once with UNAVAILABLE and the reason. `server.stop(grace)`
 alone would end open streams with UNAVAILABLE, which a client cannot tell from a crash.
 """
 
@@ -197,7 +198,10 @@ class ControlPlane:
         tick = min(0.1, self.options.stall_after_s / 4)
         current = None
         while not controller.draining.is_set() and not controller.stopped.is_set():
-            status = SERVING if controller.serving() else NOT_SERVING
+            serving = controller.serving()
+            # GetSnapshot reports "stalled" from this same decision, so health and snapshot never disagree.
+            controller.stalled = controller.state == "serving" and not serving
+            status = SERVING if serving else NOT_SERVING
             if status != current:
                 for service in ("", *SERVICE_NAMES):
                     await self.health.set(service, status)
