@@ -9,6 +9,7 @@ from engine.drivers.lockstep import LockstepDriver
 from engine.gate import GatePoint
 from engine.group import CollectiveError
 from engine.request import Admitted, Finished
+from engine.scheduler.states import ReqState
 from tests.helpers import req, run_rounds, sim_args
 
 
@@ -57,6 +58,31 @@ def test_a_prompt_is_first_seen_by_the_next_rounds_vote():  # rule R6: one round
     second = driver.step()[0]
     assert second.decision.allow_prefill and second.rows[0].num_extends == 1
     assert any(isinstance(e, Admitted) and e.rid == "late" and e.wait_rounds == 1 for e in second.events)
+
+
+def test_a_resident_chunk_waits_out_closed_rounds_and_the_next_open_round_resumes_it():  # rules R4, S1
+    # Rank 1 decodes, so the counter climbs and most rounds are closed; rank 0's prompt needs ten
+    # chunks of 16 tokens. At the engine level a resident chunk extends only on open rounds, and every
+    # open round while it waits extends it.
+    driver = LockstepDriver(
+        sim_args(dp_size=2, prefill_attempt_interval=3, prefill_any_attempt_interval=6, chunked_prefill_size=16)
+    )
+    driver.submit(1, req("decoder", prompt_len=16, output_len=200))
+    run_rounds(driver, 4)
+    driver.submit(0, req("long", prompt_len=160, output_len=4))
+    scheduler = driver.engines[0].scheduler
+    opened, held = 0, 0
+    waiting = (None, ReqState.NEW, ReqState.PREFILLING)  # None: still in the inbox, taken in at intake
+    while (before := scheduler.state_of("long")) in waiting and opened < 20:
+        outcome = driver.step()[0]
+        chunk = outcome.rows[0].prefill_tokens
+        if outcome.decision.allow_prefill:
+            assert chunk > 0, f"round {outcome.round}: an open round left the prompt waiting"
+            opened += 1
+        else:
+            assert chunk == 0, f"round {outcome.round}: prefill ran on a closed round"
+            held += before is ReqState.PREFILLING
+    assert opened == 10 and held > 0  # 160 tokens in 10 chunks, with closed rounds between them
 
 
 def test_a_prompt_at_an_idle_engine_meets_an_open_all_point():  # rules R3, P5

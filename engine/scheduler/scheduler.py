@@ -226,7 +226,8 @@ class Scheduler:
             self._readmit(plan)
             if self.mixed:
                 self._plan_decode(plan)
-                plan.pending_prefill_reserve = self._pending_reserve(options)
+                # S3: what the decode rows leave is at least one page of tokens for the pending prefill,
+                # because startup refuses a budget below the per-rank batch plus one page.
                 self._plan_prefill(plan, options, self.budget - plan.num_decodes)
             else:
                 self._plan_prefill(plan, options, self.budget)
@@ -235,16 +236,6 @@ class Scheduler:
             plan.kind = _kind(plan)
         plan.counts = self.counts()
         return plan
-
-    def _pending_reserve(self, options: PlanOptions) -> int:
-        """S3: what the mixed decode batch leaves for the pending prefill (0 when it may not run)."""
-        if self._resident and options.chunks_allowed:
-            head = self._resident[0]
-        elif not self._resident and self._waiting and options.allow_prefill:
-            head = self._waiting[0]
-        else:
-            return 0
-        return min(head.prefill_left, self.page_size)
 
     def _readmit(self, plan: Plan) -> None:
         """S2: restore retracted requests; cache operations that take no prefill tokens."""
