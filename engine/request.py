@@ -212,4 +212,16 @@ class Retracted:
     round: int
 
 
-RequestEvent = Admitted | ChunkPlanned | FirstToken | Tokens | Finished | Refused | AbortIgnored | Retracted
+@dataclass(frozen=True, slots=True)
+class ProposalRefused:
+    """A config proposal the rank refused at intake (a stale epoch, or values startup would refuse):
+    nothing changed. Not a request's event, but it travels with them to the controller."""
+
+    epoch: int
+    error: str
+    rid: str = ""
+
+
+RequestEvent = (
+    Admitted | ChunkPlanned | FirstToken | Tokens | Finished | Refused | AbortIgnored | Retracted | ProposalRefused
+)

@@ -8,7 +8,7 @@ from engine.config import PrefillDelay
 from engine.drivers.lockstep import LockstepDriver
 from engine.gate import GatePoint
 from engine.group import CollectiveError
-from engine.request import Admitted, Finished
+from engine.request import Admitted, Finished, ProposalRefused
 from engine.scheduler.states import ReqState
 from tests.helpers import req, run_rounds, sim_args
 
@@ -161,6 +161,35 @@ def test_config_change_is_adopted_by_every_rank_after_the_same_gather():  # rule
             else (GatePoint.ALL if rec.counter % 3 == 0 else GatePoint.NONE)
         )
         assert rec.point is expected
+
+
+def test_a_proposal_is_checked_where_it_enters_and_a_bad_one_changes_nothing():  # rules C3, G1
+    # Handed to the driver directly, past the controller's checks: rank 0's intake refuses values
+    # startup would refuse and stale epochs, reports them, and later proposals still go through.
+    driver = LockstepDriver(gated())
+    feed(driver, 3, 2, 6)
+    driver.propose(1, PrefillDelay(0, 0))
+    driver.propose(2, PrefillDelay(6, 3))
+    refused = [e for o in run_rounds(driver, 3) for e in o[0].events if isinstance(e, ProposalRefused)]
+    assert [(e.epoch, e.error) for e in refused] == [
+        (1, "--prefill-attempt-interval must be an integer in [1, 4294967295], got 0"),
+        (2, "--prefill-any-attempt-interval (3) must be >= --prefill-attempt-interval (6): otherwise the ALL "
+            "points a burst relies on could never be reached twice in a row"),
+    ]  # fmt: skip
+    assert {engine.epoch for engine in driver.engines} == {0}
+    assert {engine.policy.delay for engine in driver.engines} == {PrefillDelay(2, 6)}
+    driver.propose(1, PrefillDelay(3, 9))  # the next good one is not blocked by the refused ones
+    driver.propose(1, PrefillDelay(4, 8))  # a second epoch 1: stale
+    outcomes = run_rounds(driver, 3)
+    stale = [e for o in outcomes for e in o[0].events if isinstance(e, ProposalRefused)]
+    assert [e.epoch for e in stale] == [1] and "stale" in stale[0].error
+    assert {engine.epoch for engine in driver.engines} == {1}
+    assert {engine.policy.delay for engine in driver.engines} == {PrefillDelay(3, 9)}
+    driver.propose(0, None)  # a zero epoch is stale too, and does not block the queue
+    driver.propose(2, None)
+    run_rounds(driver, 3)
+    assert {engine.epoch for engine in driver.engines} == {2}
+    assert {engine.policy.delay for engine in driver.engines} == {None}
 
 
 def test_disable_at_runtime_turns_the_gate_off():  # rules C3, G1

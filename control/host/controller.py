@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from control.host.backends import Backend, Polled, loads_of
 from control.plane.hub import RoundHub
-from engine.config import ANY_FLAG, ATTEMPT_FLAG, MAX_INTERVAL, PrefillDelay, ServerArgs
+from engine.config import ANY_FLAG, ATTEMPT_FLAG, PrefillDelay, ServerArgs
 from engine.metrics import RunMetrics, Summary
 from engine.record import RoundRecord
 from engine.request import (
@@ -28,6 +28,7 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     Refused,
     RequestError,
     RequestEvent,
@@ -137,6 +138,7 @@ class Controller:
         self.config = ConfigView(0, args.prefill_delay, self.policy)
         self._accepted_epoch = 0
         self._accepted_args = args
+        self._adopted_round = 0  # the round after which the config in force was adopted (0: at launch)
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._streams: dict[str, RequestStream] = {}
         self._live: dict[str, int] = {}  # request id -> rank, until it ends
@@ -247,6 +249,7 @@ class Controller:
         else:
             return
         self.config = ConfigView(epoch, delay, record.policy)
+        self._adopted_round = adopted_round
         for waiting in [e for e in self._waiters if e <= epoch]:
             waiter = self._waiters.pop(waiting)
             if not waiter.done():
@@ -254,6 +257,9 @@ class Controller:
 
     def _route_events(self, events: list[RequestEvent]) -> None:
         for event in events:
+            if isinstance(event, ProposalRefused):
+                self._proposal_refused(event)
+                continue
             stream = self._streams.get(event.rid)
             if isinstance(event, Finished | Refused):
                 self._live.pop(event.rid, None)
@@ -273,6 +279,12 @@ class Controller:
                 stream.queue.put_nowait(event)
             if isinstance(event, Finished | Refused):
                 del self._streams[event.rid]
+
+    def _proposal_refused(self, event: ProposalRefused) -> None:
+        """Rank 0 refused a proposal (only one handed to the backend past `update_intervals` can be)."""
+        waiter = self._waiters.pop(event.epoch, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConfigRejected(event.error, [("attempt_interval", event.error)]))
 
     def _check_bounds(self) -> None:
         if self._stop_requested:
@@ -349,8 +361,8 @@ class Controller:
     def validate_intervals(self, attempt: int | None, any_: int | None, *, disable: bool = False) -> ServerArgs:
         """A candidate copy of the arguments with the new intervals, validated like startup (C3).
 
-        Each field's own range is checked first so that every bad field is named at once; the read of
-        `prefill_delay` on the candidate stays the final word on the combination.
+        The read of `prefill_delay` on the candidate is the only check of the values: the caller gets
+        exactly its ValueError text, once as the message and once per field it names as at fault.
         """
         given = (("attempt_interval", attempt), ("any_interval", any_))
         if disable and (attempt is not None or any_ is not None):
@@ -361,19 +373,13 @@ class Controller:
                 "give attempt_interval and any_interval, or disable",
                 [(name, "required unless disable is true") for name, _ in given],
             )
-        out_of_range = [
-            (name, f"must be an integer in [1, {MAX_INTERVAL}], got {value}")
-            for name, value in given
-            if value is not None and not 1 <= value <= MAX_INTERVAL
-        ]
-        if out_of_range:
-            raise ConfigRejected("; ".join(f"{name} {text}" for name, text in out_of_range), out_of_range)
         try:
             candidate = self._accepted_args.replace(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
             candidate.prefill_delay  # noqa: B018 - the read is the validation
         except ValueError as exc:
             message = str(exc)
-            fields = sorted({FIELD_OF_FLAG[m.group(0)] for m in _FLAG_PATTERN.finditer(message)})
+            flags = getattr(exc, "flags", ()) or [m.group(0) for m in _FLAG_PATTERN.finditer(message)]
+            fields = [FIELD_OF_FLAG[flag] for flag in dict.fromkeys(flags) if flag in FIELD_OF_FLAG]
             raise ConfigRejected(message, [(name, message) for name in fields or ["attempt_interval"]]) from exc
         return candidate
 
@@ -396,6 +402,11 @@ class Controller:
         if validate_only:
             view = ConfigView(self._accepted_epoch, delay, self.policy)
             return IntervalUpdate(view, self.latest.round if self.latest else 0, True)
+        if delay == self._accepted_args.prefill_delay:  # nothing changes: no new epoch (disable twice, ...)
+            epoch = self._accepted_epoch
+            pending = self._waiters.get(epoch)
+            adopted_round = await asyncio.shield(pending) if pending is not None else self._adopted_round
+            return IntervalUpdate(ConfigView(epoch, delay, self.policy), adopted_round, False)
         self._accepted_epoch += 1
         self._accepted_args = candidate
         epoch = self._accepted_epoch
