@@ -31,11 +31,11 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.convert import gate_config
 from control.plane.hub import MAX_QUEUE, OutOfHistory, StreamFailed, Subscriber
 from control.telemetry.telemetry_cli import trace_spans_dropped
 from engine.metrics import Summary
 from engine.request import Finished, FinishReason, FirstToken, Refused, RequestError, RequestEvent, Tokens
+from prefill_gate.convert import gate_config
 from prefill_gate.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -117,6 +117,10 @@ def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) ->
         records_dropped=records_dropped,
         trace_spans_dropped=spans_dropped,
         elapsed_seconds=elapsed,
+        prompt_tokens=summary.prompt_tokens,
+        prefix_hit_requests=summary.prefix_hit_requests,
+        prefix_hit_tokens=summary.prefix_hit_tokens,
+        prefix_hit_share=summary.prefix_hit_share or 0.0,
     )
 
 
