@@ -17,8 +17,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
-from control.host.backends import Backend, ProcessBackend, SimBackend
+from control.host.backends import Backend, ProcessBackend
 from control.host.controller import Controller
+from control.host.sim_child import SimProcessBackend
 from control.telemetry.telemetry_cli import rank_observer_spec
 from engine.config import ServerArgs
 from engine.drivers.procs import RankFailure
@@ -213,11 +214,12 @@ def check_run_args(ns: argparse.Namespace, args: ServerArgs) -> None:
 
 
 def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str) -> Backend:
-    """Rank processes for the torch executor, the lockstep simulator for `--executor sim`."""
+    """Rank processes for the torch executor, the lockstep simulator (in a child process of its own, so
+    that the control plane's streams never take the engine's interpreter lock) for `--executor sim`."""
     spec = rank_observer_spec(ns, run_id, args.dp_size)  # None: tracing off, no observer at all
     observer, observer_kwargs = spec if spec is not None else (None, None)
     if args.executor == "sim" and not ns.processes:
-        return SimBackend(
+        return SimProcessBackend(
             args, workload, pace=ns.pace, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs
         )
     if ns.pace is not None:

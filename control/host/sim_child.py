@@ -1,0 +1,248 @@
+"""The lockstep simulator in a child process of its own, behind the same `Backend` interface.
+
+`SimBackend` steps the simulator in a thread of the controller's process, so the engine and the gRPC
+loop share one interpreter lock: every stream write takes time from the engine. Here the same
+`SimBackend` runs in a spawned child process, and the controller talks to it over two queues:
+
+- commands (submit, abort, propose, stop) go down one queue and are applied between rounds, as before;
+- what the engine produced comes back in batches (one per few milliseconds), each with the engine's
+  clock and its drop count.
+
+The engine never waits for the controller: request events always travel (a request is never lost),
+but round records beyond `record_queue_size` in flight are dropped in the child and counted, exactly
+as `SimBackend` drops at its own hand-off. A child that fails reports its error; a child that dies
+(killed, out of memory) is noticed at the next poll: either way `poll` raises `RankFailure`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from control.host.backends import Feeder, Polled, SimBackend
+from engine.config import PrefillDelay, ServerArgs
+from engine.drivers.lifeline import die_with_parent
+from engine.drivers.procs import RankFailure
+from engine.executor.presets import preset_named
+from engine.request import RequestSpec
+
+# How long the child's relay waits for a command before it forwards what the engine produced.
+RELAY_INTERVAL_S = 0.002
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """The child built the engine and started it."""
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What the engine produced since the previous batch, the clock after it, and drops so far."""
+
+    polled: Polled
+    now: float
+    records_dropped: int
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """The simulator raised: one line, and the traceback."""
+
+    error: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class _ChildSpec:
+    args: ServerArgs
+    feeder: Feeder | None
+    pace: float | None
+    max_rounds: int | None
+    observer: str | None
+    observer_kwargs: dict[str, Any] = field(default_factory=dict)
+    record_queue_size: int = 8192
+    parent_pid: int = 0
+
+
+def _child_main(spec: _ChildSpec, commands: Any, out: Any, in_flight: Any) -> None:
+    """Body of the child: run the simulator, apply commands, forward batches until it stops."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller turns Ctrl-C into an agreed stop
+    die_with_parent(spec.parent_pid)
+    try:
+        backend = SimBackend(
+            spec.args,
+            spec.feeder,
+            pace=spec.pace,
+            max_rounds=spec.max_rounds,
+            observer=spec.observer,
+            observer_kwargs=spec.observer_kwargs,
+            record_queue_size=spec.record_queue_size,
+        )
+        backend.start()
+        out.put(_Ready())
+        dropped = 0
+        while True:
+            try:
+                command = commands.get(timeout=RELAY_INTERVAL_S)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                if command[0] == "close":
+                    backend.close()
+                    return
+                getattr(backend, command[0])(*command[1:])
+                try:
+                    command = commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            polled = backend.poll()
+            with in_flight.get_lock():  # beyond the bound the controller is behind: drop records, count them
+                room = max(0, spec.record_queue_size - in_flight.value)
+                if len(polled.records) > room:
+                    dropped += len(polled.records) - room
+                    del polled.records[room:]
+                in_flight.value += len(polled.records)
+            if polled.records or polled.events or polled.itl or polled.submitted or polled.stopped:
+                out.put(_Batch(polled, backend.now(), dropped + backend.records_dropped()))
+            if polled.stopped:
+                return
+    except BaseException as exc:  # reported to the controller, which raises it as a RankFailure
+        out.put(_Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)))
+    finally:
+        out.close()
+        out.join_thread()
+
+
+class SimProcessBackend:
+    """`SimBackend` in a spawned child process: the engine does not share the controller's interpreter lock."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        feeder: Feeder | None = None,
+        *,
+        pace: float | None = None,
+        max_rounds: int | None = None,
+        observer: str | None = None,
+        observer_kwargs: dict[str, Any] | None = None,
+        record_queue_size: int = 8192,
+    ) -> None:
+        preset_named(args.sim_preset)  # a bad preset is a usage error here, not a failure of the child
+        self.args = args
+        self.dp_size = args.dp_size
+        self.origin = 0.0  # the virtual clock starts with the run
+        context = mp.get_context("spawn")
+        self._commands = context.Queue()
+        self._out = context.Queue()
+        self._in_flight = context.Value("q", 0)
+        spec = _ChildSpec(
+            args, feeder, pace, max_rounds, observer, observer_kwargs or {}, record_queue_size, os.getpid()
+        )
+        self._process = context.Process(
+            target=_child_main,
+            args=(spec, self._commands, self._out, self._in_flight),
+            name="prefill-gate-sim",
+            daemon=True,
+        )
+        self._now = 0.0
+        self._dropped = 0
+        self._stopped = False
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before start)."""
+        return self._process.pid
+
+    def start(self, ready_timeout_s: float = 120.0) -> None:
+        """Spawn the child and wait until its engine runs; raises RankFailure when it cannot start."""
+        self._process.start()
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            try:
+                message = self._out.get(timeout=0.2)
+                break
+            except queue.Empty:
+                code = self._process.exitcode
+                if code is not None or time.monotonic() > deadline:
+                    self.close()
+                    why = f"ended with code {code}" if code is not None else "did not start in time"
+                    raise RankFailure(0, f"the simulator process {why}") from None
+        if isinstance(message, _Failed):
+            self.close()
+            raise RankFailure(0, f"the simulator process failed: {message.error}", message.detail)
+
+    def submit(self, rank: int, spec: RequestSpec) -> None:
+        self._send("submit", rank, spec)
+
+    def abort(self, rank: int, rid: str) -> None:
+        self._send("abort", rank, rid)
+
+    def propose(self, epoch: int, delay: PrefillDelay | None) -> None:
+        self._send("propose", epoch, delay)
+
+    def request_stop(self) -> None:
+        self._send("request_stop")
+
+    def now(self) -> float:
+        """The engine's clock as of the last batch (virtual seconds)."""
+        return self._now
+
+    def records_dropped(self) -> int:
+        return self._dropped
+
+    def poll(self) -> Polled:
+        merged = Polled()
+        received = 0
+        while True:
+            try:
+                message = self._out.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(message, _Failed):
+                raise RankFailure(0, f"the simulator process failed: {message.error}", message.detail)
+            part = message.polled
+            merged.records += part.records
+            merged.events += part.events
+            merged.itl += part.itl
+            merged.submitted += part.submitted
+            merged.stopped |= part.stopped
+            merged.workload_done = part.workload_done
+            received += len(part.records)
+            self._now = message.now
+            self._dropped = message.records_dropped
+        if received:
+            with self._in_flight.get_lock():
+                self._in_flight.value -= received
+        self._stopped |= merged.stopped
+        if not merged.stopped and not self._stopped and not self._closed:
+            code = self._process.exitcode
+            if code is not None:  # it died without saying goodbye
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise RankFailure(0, f"the simulator process {self._process.pid} ended ({how})")
+        return merged
+
+    def close(self) -> None:
+        """Stop the child (at once, without an agreed last round) and reap it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._process.is_alive():
+            self._send("close")
+            self._process.join(5)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(5)
+        for channel in (self._commands, self._out):
+            channel.cancel_join_thread()
+            channel.close()
+
+    def _send(self, *command: object) -> None:
+        if not self._closed:
+            self._commands.put(command)
