@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from control.host.backends import SimBackend
 from control.host.controller import Controller
 from control.plane.auth import DEFAULT_PORT, TOKEN_ENV
+from control.plane.ctl import add_ctl_parser, ctl_main
 from control.plane.grpc_server import SERVICE_NAMES, ControlPlane, PlaneOptions, add_server_args, check_server_args
 from engine.request import RequestSpec
 from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, requests_pb2, telemetry_pb2, telemetry_pb2_grpc
@@ -186,8 +187,15 @@ async def test_tls(tmp_path: Path):  # --tls-cert/--tls-key
             checked = await admin_pb2_grpc.GateAdminStub(secure).UpdateIntervals(change, metadata=served.auth)
         with pytest.raises(grpc.aio.AioRpcError) as plain:
             await served.admin.GetConfig(admin_pb2.GetConfigRequest(), timeout=2)  # plaintext to a TLS port
+        # `ctl` without --tls-ca says what to try, instead of only asking whether the engine runs.
+        parser = argparse.ArgumentParser(prog="prefill-gate")
+        add_ctl_parser(parser.add_subparsers(dest="command"))
+        ns = parser.parse_args(["ctl", "--target", served.plane.target, "--timeout", "3", "snapshot"])
+        err = io.StringIO()
+        code = await asyncio.to_thread(ctl_main, ns, io.StringIO(), err)
     assert config.attempt_interval == 2 and checked.validated_only
     assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert code == 1 and "error: UNAVAILABLE" in err.getvalue() and "--tls-ca" in err.getvalue(), err.getvalue()
     with pytest.raises(ValueError, match="--tls-cert and --tls-key go together"):
         PlaneOptions(tls_cert=str(cert))
 
@@ -236,7 +244,7 @@ async def test_drain_ends_every_stream_cleanly_and_stops_the_ranks():  # the SIG
     assert snapshot.state == "stopped" and snapshot.failure == ""
 
 
-def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; the token from the environment
+def test_server_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # loopback; the token from env or a file
     parser = argparse.ArgumentParser()
     add_server_args(parser)
     monkeypatch.setenv(TOKEN_ENV, "from-env")
@@ -250,6 +258,11 @@ def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; 
     assert "from-env" not in parser.format_help()  # the token never shows up as a default
     options = check_server_args(parser.parse_args(["--admin-token", "flag", "--host", "0.0.0.0", "--port", "0"]))
     assert options.token == "flag" and not options.loopback
+    token_file, empty = tmp_path / "token", tmp_path / "empty"
+    token_file.write_text("from-file\n")
+    empty.write_text("\n")
+    assert check_server_args(parser.parse_args(["--admin-token-file", str(token_file)])).token == "from-file"
+    assert "--admin-token-file" in parser.format_help() and "ps" in parser.format_help()
     for argv, message in (
         (["--tls-cert", "cert.pem"], "go together"),
         (["--tls-cert", "missing.pem", "--tls-key", "missing.key"], "--tls-cert missing.pem: no such file"),
@@ -257,6 +270,9 @@ def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; 
         (["--history", "0"], "--history"),
         (["--stall-after", "0"], "--stall-after"),
         (["--record", "/no/such/dir/run.pgrec"], "--record"),
+        (["--admin-token-file", str(tmp_path / "missing")], "--admin-token-file .*missing: cannot read it"),
+        (["--admin-token-file", str(empty)], "the file holds no token"),
+        (["--admin-token", "x", "--admin-token-file", str(token_file)], "exclude each other"),
     ):
         with pytest.raises(ValueError, match=message):
             check_server_args(parser.parse_args(argv))

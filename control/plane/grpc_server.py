@@ -32,7 +32,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from control.host.controller import Controller
-from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, BearerTokenInterceptor
+from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, BearerTokenInterceptor, read_token_file
 from control.plane.handlers import add_service
 from control.plane.recording import RecordingWriter
 from control.plane.services import GateAdmin, GateRequests, GateTelemetry
@@ -56,7 +56,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--admin-token",
         default=None,
-        help=f"bearer token required by UpdateIntervals, Submit and Abort (default: ${TOKEN_ENV}; unset: open)",
+        help="bearer token required by UpdateIntervals, Submit and Abort; visible to every user in `ps`: prefer "
+        f"--admin-token-file or ${TOKEN_ENV} (none of the three: changes are open)",
+    )
+    group.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="read the admin token from FILE (its first line), so it appears in no process listing",
     )
     group.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
     group.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -102,7 +109,10 @@ class PlaneOptions:
         return cls(
             host=ns.host,
             port=ns.port,
-            token=ns.admin_token or os.environ.get(TOKEN_ENV) or None,
+            token=ns.admin_token
+            or read_token_file(ns.admin_token_file, "--admin-token-file")
+            or os.environ.get(TOKEN_ENV)
+            or None,
             tls_cert=ns.tls_cert,
             tls_key=ns.tls_key,
             history=ns.history,
@@ -248,6 +258,8 @@ def _key_pair(key_path: str | None, cert_path: str) -> tuple[bytes, bytes]:
 
 def check_server_args(ns: argparse.Namespace) -> PlaneOptions:
     """The control plane's flags, validated before anything starts; raises ValueError naming the flag."""
+    if ns.admin_token and ns.admin_token_file:
+        raise ValueError("--admin-token and --admin-token-file exclude each other")
     options = PlaneOptions.from_namespace(ns)
     for flag, path in (("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key)):
         if path is not None and not Path(path).is_file():
