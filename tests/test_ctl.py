@@ -90,3 +90,16 @@ async def test_watch_submit_and_snapshot():
 async def test_an_unreachable_server_is_one_line_and_exit_1(command):
     code, out, err = await ctl(f"127.0.0.1:{free_port()}", "--timeout", "2", *command)
     assert code == 1 and out == "" and err.startswith("error: UNAVAILABLE") and "Traceback" not in err
+
+
+def test_a_stale_or_lagging_record_says_so():  # truth on every surface
+    import time
+
+    from control.plane.ctl import format_round
+    from prefill_gate.v1 import types_pb2 as pb
+
+    fresh = pb.RoundRecord(round=10, latest_round=10, unix_nanos=time.time_ns())
+    old = pb.RoundRecord(round=10, latest_round=13, unix_nanos=time.time_ns() - 5_000_000_000, dropped_before=2)
+    assert "behind" not in format_round(fresh) and "s old" not in format_round(fresh)
+    line = format_round(old)
+    assert "(dropped 2)" in line and "(3 behind)" in line and "(5.0 s old)" in line

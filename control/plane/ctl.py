@@ -17,6 +17,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
@@ -42,6 +43,8 @@ from prefill_gate.v1 import types_pb2 as pb
 # Lookahead 0: the window opens only for the read in progress, so nothing waits in HTTP/2 buffers while
 # the reader is busy (see WatchRounds in the proto).
 FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 0))
+# A record read later than this after rank 0 published it says how old it is.
+STALE_AFTER_S = 1.0
 # What gRPC says when no connection could be made (a server's own UNAVAILABLE, a crash or a drain, says why).
 _CONNECTION_FAILED = re.compile(
     r"failed to connect|connection refused|socket closed|connection reset|handshake|end of tls|"
@@ -173,6 +176,11 @@ def format_round(record: pb.RoundRecord, *, rows: bool = False) -> str:
         line += f"  adopted e{record.adopted_epoch}"
     if record.dropped_before:
         line += f"  (dropped {record.dropped_before})"
+    if record.latest_round > record.round:  # a stream's record: how far behind it was when sent
+        line += f"  ({record.latest_round - record.round} behind)"
+    age = time.time() - record.unix_nanos / 1e9
+    if record.unix_nanos and age > STALE_AFTER_S:
+        line += f"  ({age:.1f} s old)"
     for row in record.ranks if rows else ():
         line += (
             f"\n    rank {row.rank:>2}: tok {row.num_tokens:>5} bs {row.batch_size:>3} ext {row.num_extends:>2} "
