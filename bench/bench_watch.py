@@ -107,6 +107,13 @@ class Server:
         if self.run is not None:
             await self.run
 
+    def engine_pids(self) -> list[int]:
+        """Processes the engine runs in, other than this one (none for the thread home)."""
+        backend = self.controller.backend
+        if isinstance(backend, SimProcessBackend):
+            return [backend.pid] if backend.pid else []
+        return list(getattr(backend, "pids", []))
+
     def round(self) -> int:
         latest = self.controller.latest
         return latest.round if latest is not None else 0
@@ -149,6 +156,12 @@ async def _toggled(target: str, count: int, conn: Connection) -> None:
         await channel.close()
 
 
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` on `cpus` (the affinity call itself applies to one thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
 @dataclass
 class Cost:
     """Alternating windows of one home: engine rounds/s without and with subscribers."""
@@ -163,15 +176,23 @@ class Cost:
         return statistics.mean(self.with_subscribers) / statistics.mean(self.without)
 
 
-async def engine_cost(home: str, ranks: int, pairs: int, window_s: float) -> Cost:
+async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, pin: bool = False) -> Cost:
     """Engine rounds/s in alternating windows without and with SUBSCRIBERS subscribers (one long-lived
-    client process switched on and off, so no process start falls into a window)."""
+    client process switched on and off, so no process start falls into a window). With `pin`, the
+    engine's processes get CPU 0 and the controller and the client CPU 1: a deployment that gives the
+    engine its own cores."""
     without, with_subscribers, delivered = [], [], 0
     context = mp.get_context("spawn")
     here, there = context.Pipe()
+    cpus = os.sched_getaffinity(0)
     async with Server(home, ranks) as server:
         client = context.Process(target=toggled, args=(server.plane.target, SUBSCRIBERS, there))
         client.start()
+        if pin:
+            for pid in server.engine_pids():
+                pin_process(pid, {0})
+            for pid in (os.getpid(), client.pid):
+                pin_process(pid, {1})
 
         async def switch(command: str) -> int:
             await asyncio.to_thread(here.send, command)
@@ -187,6 +208,7 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float) -> Cos
             await asyncio.sleep(0.3)
         await asyncio.to_thread(here.send, "quit")
         await asyncio.to_thread(client.join)
+    pin_process(os.getpid(), cpus)
     return Cost(home, without, with_subscribers, delivered / (pairs * (window_s + 0.3)))
 
 
@@ -294,11 +316,15 @@ async def main(ns: argparse.Namespace) -> str:
         "ratio of means | ratio per pair (median, min-max) | records/s delivered to the subscribers |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for home in ns.homes:
-        cost = await engine_cost(home, ns.ranks, ns.pairs, ns.window)
+    runs = [(home, False) for home in ns.homes]
+    if ns.pin and (os.cpu_count() or 1) >= 2:
+        runs += [(home, True) for home in ns.homes if home != "thread"]  # one process: nothing to pin
+    for home, pin in runs:
+        cost = await engine_cost(home, ns.ranks, ns.pairs, ns.window, pin)
         ratios = [w / o for o, w in zip(cost.without, cost.with_subscribers, strict=True)]
+        label = HOME_LABELS[home] + (", engine pinned to CPU 0, controller and client to CPU 1" if pin else "")
         lines.append(
-            f"| {HOME_LABELS[home]} | {ns.pairs} | {statistics.mean(cost.without):,.0f} | "
+            f"| {label} | {ns.pairs} | {statistics.mean(cost.without):,.0f} | "
             f"{statistics.mean(cost.with_subscribers):,.0f} | {cost.ratio:.2f} | "
             f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | {cost.delivered_per_s:,.0f} |"
         )
@@ -346,6 +372,7 @@ def cli() -> int:
     parser.add_argument("--window", type=float, default=2.0, help="seconds of each window")
     parser.add_argument("--fresh-s", type=float, default=60.0, help="seconds each sleeping reader reads")
     parser.add_argument("--homes", nargs="+", choices=tuple(HOMES), default=list(HOMES), help="engine homes")
+    parser.add_argument("--pin", action="store_true", help="also measure with the engine on a CPU of its own")
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run; not written)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the report goes")
     ns = parser.parse_args()

@@ -52,6 +52,15 @@ class Polled:
     workload_done: bool = False  # the workload will issue nothing more (as of these submissions)
     stopped: bool = False  # every rank left its loop
 
+    def add(self, later: Polled) -> None:
+        """Append what a later poll produced."""
+        self.records += later.records
+        self.events += later.events
+        self.itl += later.itl
+        self.submitted += later.submitted
+        self.stopped |= later.stopped
+        self.workload_done = later.workload_done
+
 
 def loads_of(record: RoundRecord | None, size: int) -> list[int]:
     """Per-rank load for routing: waiting plus running requests of the latest rows."""
@@ -154,12 +163,7 @@ class SimBackend:
                 part = self._out.get_nowait()
             except queue.Empty:
                 break
-            merged.records += part.records
-            merged.events += part.events
-            merged.itl += part.itl
-            merged.submitted += part.submitted
-            merged.stopped |= part.stopped
-            merged.workload_done = part.workload_done
+            merged.add(part)
         with self._records_lock:
             self._records_waiting -= len(merged.records)
         return merged

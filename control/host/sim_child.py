@@ -207,14 +207,8 @@ class SimProcessBackend:
                 break
             if isinstance(message, _Failed):
                 raise RankFailure(0, f"the simulator process failed: {message.error}", message.detail)
-            part = message.polled
-            merged.records += part.records
-            merged.events += part.events
-            merged.itl += part.itl
-            merged.submitted += part.submitted
-            merged.stopped |= part.stopped
-            merged.workload_done = part.workload_done
-            received += len(part.records)
+            merged.add(message.polled)
+            received += len(message.polled.records)
             self._now = message.now
             self._dropped = message.records_dropped
         if received:
