@@ -339,6 +339,8 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
         return 1
     except RankFailure as exc:
         backend.close()
+        # What the run did before it failed, every request accounted for (cut off included).
+        print("\n" + format_summary(controller.summary(), args.executor == "sim"), flush=True)
         print(f"\nerror: {exc}", file=sys.stderr, flush=True)
         if exc.detail and os.environ.get("PREFILL_GATE_DEBUG"):
             print(exc.detail, file=sys.stderr, flush=True)  # the rank's traceback, for developers
