@@ -66,11 +66,11 @@ class GateTelemetryServicer:
         stream waits beyond the client's HTTP/2 receive window. Every record says how far behind it was when
         sent (latest_round - round), when it was sent (sent_unix_nanos) and when rank 0 published it
         (unix_nanos: its age is now - unix_nanos), and how many rounds this stream skipped before it
-        (dropped_before, exact: round - previous round - 1). A reader that wants fresh records keeps its
-        receive window small (grpc.http2.bdp_probe=0, grpc.http2.lookahead_bytes of about one record, as
-        `prefill-gate ctl watch` and the console do): then in LATEST_ONLY a reader sleeping s seconds between
-        reads gets records about 2 s old, and in LOSSLESS_BOUNDED a record is never more than max_queue
-        rounds plus what the window holds behind the engine without dropped_before saying so.
+        (dropped_before, exact: round - previous round - 1). The client's receive window is the client's:
+        a reader that wants fresh records keeps it closed between reads (grpc.http2.bdp_probe=0 and
+        grpc.http2.lookahead_bytes=0, as `prefill-gate ctl watch` does). Then in LATEST_ONLY a reader
+        sleeping s seconds between reads gets records about 2 s old, and in LOSSLESS_BOUNDED a record is
+        never more than max_queue rounds behind when sent without dropped_before saying so.
 
         Ends OK after a clean stop (drain) once the queued records are sent; UNAVAILABLE with the reason
         when the engine crashed, a collective failed or a rank was lost; OUT_OF_RANGE (trailing metadata
