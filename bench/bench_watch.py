@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import multiprocessing as mp
 import os
@@ -159,7 +160,8 @@ async def _toggled(target: str, count: int, conn: Connection) -> None:
 def pin_process(pid: int, cpus: set[int]) -> None:
     """Every thread of `pid` on `cpus` (the affinity call itself applies to one thread)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), cpus)
 
 
 @dataclass

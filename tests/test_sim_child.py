@@ -59,3 +59,32 @@ async def test_a_killed_child_is_a_failure_not_a_stop():
 def test_a_bad_preset_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match="unknown sim preset 'nope'"):
         SimProcessBackend(sim_args(sim_preset="nope"))
+
+
+def test_a_controller_that_falls_behind_loses_records_not_requests():  # the engine never waits
+    import time
+
+    from engine.request import Finished
+
+    backend = SimProcessBackend(run_args(), workload(), record_queue_size=5, max_rounds=600)
+    backend.start()
+    try:
+        time.sleep(2.0)  # nobody polls: records pile up in flight until the bound, then are counted
+        polled = backend.poll()
+        assert len(polled.records) <= 5 and backend.records_dropped() > 0
+        deadline = time.monotonic() + 60
+        while not polled.stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+            polled.add(backend.poll())
+    finally:
+        backend.close()
+    assert polled.stopped
+    reference = SimBackend(run_args(), workload(), max_rounds=600)  # the same run in a thread
+    reference.run()
+    expected = reference.poll()
+
+    def finished(p) -> list[str]:
+        return sorted(event.rid for event in p.events if isinstance(event, Finished))
+
+    assert len(finished(expected)) > 10 and finished(polled) == finished(expected)  # no request event lost
+    assert len(polled.records) + backend.records_dropped() == len(expected.records) == 600

@@ -109,6 +109,7 @@ class SimBackend:
         observer: str | None = None,
         observer_kwargs: dict[str, Any] | None = None,
         record_queue_size: int = 8192,
+        sink: Callable[[Polled], None] | None = None,
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
@@ -122,6 +123,7 @@ class SimBackend:
         self.max_rounds = max_rounds
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._out: queue.SimpleQueue[Polled] = queue.SimpleQueue()
+        self._put = sink or self._out.put  # each round's output: to `poll`, or to the sink (sim_child.py)
         self._thread = threading.Thread(target=self._loop, name="prefill-gate-sim", daemon=True)
         self._stop_now = threading.Event()
         self._error: BaseException | None = None
@@ -134,6 +136,10 @@ class SimBackend:
 
     def start(self) -> None:
         self._thread.start()
+
+    def run(self) -> None:
+        """Step the simulator in the calling thread until it stops (what `start` runs in a thread)."""
+        self._loop()
 
     def submit(self, rank: int, spec: RequestSpec) -> None:
         self._commands.put(lambda: self.driver.submit(rank, spec))
@@ -190,17 +196,17 @@ class SimBackend:
                     self._latest = record
                     self._hand_off(record, polled)
                 polled.stopped = outcomes[0].stop or (self.max_rounds is not None and rounds >= self.max_rounds)
-                self._out.put(polled)
+                self._put(polled)
                 if polled.stopped:
                     return
                 if self.driver.idle(outcomes):
                     self._idle(started)
                 elif self.pace:
                     self._keep_pace(started)
-            self._out.put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
+            self._put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
-            self._out.put(Polled(stopped=True))
+            self._put(Polled(stopped=True))
 
     def _run_commands(self, wait_s: float = 0.0) -> None:
         """Apply queued commands between rounds; wait up to `wait_s` for the first."""

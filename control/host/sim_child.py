@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ from engine.drivers.procs import RankFailure
 from engine.executor.presets import preset_named
 from engine.request import RequestSpec
 
-# How long the child's relay waits for a command before it forwards what the engine produced.
-RELAY_INTERVAL_S = 0.002
+# What the engine produced leaves the child in batches of about this many seconds of rounds, so that the
+# hand-off costs the engine little per round.
+RELAY_INTERVAL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,55 @@ class _ChildSpec:
     parent_pid: int = 0
 
 
+class _Forwarder:
+    """The simulator's sink in the child: rounds collect into a batch that leaves every RELAY_INTERVAL_S
+    (or when the run stops). Runs in the engine's own thread, so nothing else contends for its lock;
+    pickling and the pipe are the queue's feeder thread's work."""
+
+    def __init__(self, backend: SimBackend, out: Any, in_flight: Any, bound: int) -> None:
+        self.backend = backend
+        self.out = out
+        self.in_flight = in_flight
+        self.bound = bound
+        self.pending = Polled()
+        self.sent_at = time.monotonic()
+        self.dropped = 0
+
+    def __call__(self, polled: Polled) -> None:
+        self.pending.add(polled)
+        now = time.monotonic()
+        if polled.stopped or now - self.sent_at >= RELAY_INTERVAL_S:
+            self.flush()
+            self.sent_at = now
+
+    def flush(self) -> None:
+        batch, self.pending = self.pending, Polled()
+        with self.in_flight.get_lock():  # beyond the bound the controller is behind: drop records, count them
+            room = max(0, self.bound - self.in_flight.value)
+            if len(batch.records) > room:
+                self.dropped += len(batch.records) - room
+                del batch.records[room:]
+            self.in_flight.value += len(batch.records)
+        if batch.records or batch.events or batch.itl or batch.submitted or batch.stopped:
+            self.out.put(_Batch(batch, self.backend.now(), self.dropped))
+
+
+def _relay_commands(backend: SimBackend, commands: Any) -> None:
+    """Thread body: hand the controller's commands to the simulator, which applies them between rounds."""
+    while True:
+        name, *arguments = commands.get()
+        if name == "close":
+            backend.close()
+            return
+        getattr(backend, name)(*arguments)
+
+
 def _child_main(spec: _ChildSpec, commands: Any, out: Any, in_flight: Any) -> None:
-    """Body of the child: run the simulator, apply commands, forward batches until it stops."""
+    """Body of the child: the simulator in this process's main thread until it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller turns Ctrl-C into an agreed stop
     die_with_parent(spec.parent_pid)
     try:
+        forwarder: _Forwarder | None = None
         backend = SimBackend(
             spec.args,
             spec.feeder,
@@ -82,36 +128,14 @@ def _child_main(spec: _ChildSpec, commands: Any, out: Any, in_flight: Any) -> No
             max_rounds=spec.max_rounds,
             observer=spec.observer,
             observer_kwargs=spec.observer_kwargs,
-            record_queue_size=spec.record_queue_size,
+            record_queue_size=2**62,  # the bound is the forwarder's, on records in flight to the controller
+            sink=lambda polled: forwarder(polled),  # type: ignore[misc]
         )
-        backend.start()
+        forwarder = _Forwarder(backend, out, in_flight, spec.record_queue_size)
+        threading.Thread(target=_relay_commands, args=(backend, commands), name="sim-commands", daemon=True).start()
         out.put(_Ready())
-        dropped = 0
-        while True:
-            try:
-                command = commands.get(timeout=RELAY_INTERVAL_S)
-            except queue.Empty:
-                command = None
-            while command is not None:
-                if command[0] == "close":
-                    backend.close()
-                    return
-                getattr(backend, command[0])(*command[1:])
-                try:
-                    command = commands.get_nowait()
-                except queue.Empty:
-                    command = None
-            polled = backend.poll()
-            with in_flight.get_lock():  # beyond the bound the controller is behind: drop records, count them
-                room = max(0, spec.record_queue_size - in_flight.value)
-                if len(polled.records) > room:
-                    dropped += len(polled.records) - room
-                    del polled.records[room:]
-                in_flight.value += len(polled.records)
-            if polled.records or polled.events or polled.itl or polled.submitted or polled.stopped:
-                out.put(_Batch(polled, backend.now(), dropped + backend.records_dropped()))
-            if polled.stopped:
-                return
+        backend.run()
+        backend.poll()  # raises RankFailure when the simulator's loop failed
     except BaseException as exc:  # reported to the controller, which raises it as a RankFailure
         out.put(_Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=8)))
     finally:
