@@ -2,11 +2,18 @@
 
 `SimBackend` steps the simulator in a thread of the controller's process, so the engine and the gRPC
 loop share one interpreter lock: every stream write takes time from the engine. Here the same
-`SimBackend` runs in a spawned child process, and the controller talks to it over two queues:
+`SimBackend` runs in the main thread of a spawned child process, and the controller talks to it over
+two queues:
 
-- commands (submit, abort, propose, stop) go down one queue and are applied between rounds, as before;
-- what the engine produced comes back in batches (one per few milliseconds), each with the engine's
-  clock and its drop count.
+- commands (submit, abort, propose, stop) go down one queue; a small thread of the child hands them to
+  the simulator, which applies them between rounds, as before;
+- what the engine produced comes back in batches (about RELAY_INTERVAL_S of rounds each), with the
+  engine's clock and its drop count.
+
+The price is the hand-off: pickling the batches (rows pickle as plain tuples to keep it small) and the
+queue's feeder thread. Measured once at 8 ranks on the shared 2-CPU machine: about 1.1 ms of the
+child's CPU per round against about 0.7 ms for the simulator alone, plus about 0.4 ms of the
+controller's for unpickling and the pump.
 
 The engine never waits for the controller: request events always travel (a request is never lost),
 but round records beyond `record_queue_size` in flight are dropped in the child and counted, exactly
