@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +182,8 @@ class SimProcessBackend:
             name="prefill-gate-sim",
             daemon=True,
         )
+        self._inbox: deque[_Batch | _Failed] = deque()
+        self._receiver = threading.Thread(target=self._receive, name="sim-child-receiver", daemon=True)
         self._now = 0.0
         self._dropped = 0
         self._stopped = False
@@ -208,6 +211,21 @@ class SimProcessBackend:
         if isinstance(message, _Failed):
             self.close()
             raise RankFailure(0, f"the simulator process failed: {message.error}", message.detail)
+        self._receiver.start()
+
+    def _receive(self) -> None:
+        """Thread body: take the child's batches off the pipe as they come. A controller whose loop is
+        busy (serving many streams) must not leave the pipe full: the child's engine would pay for it."""
+        while not self._closed:
+            try:
+                message = self._out.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            except (EOFError, OSError, ValueError):  # closed under us
+                return
+            self._inbox.append(message)
+            if isinstance(message, _Failed) or message.polled.stopped:
+                return
 
     def submit(self, rank: int, spec: RequestSpec) -> None:
         self._send("submit", rank, spec)
@@ -231,11 +249,8 @@ class SimProcessBackend:
     def poll(self) -> Polled:
         merged = Polled()
         received = 0
-        while True:
-            try:
-                message = self._out.get_nowait()
-            except queue.Empty:
-                break
+        while self._inbox:
+            message = self._inbox.popleft()
             if isinstance(message, _Failed):
                 raise RankFailure(0, f"the simulator process failed: {message.error}", message.detail)
             merged.add(message.polled)
@@ -258,6 +273,8 @@ class SimProcessBackend:
         if self._closed:
             return
         self._closed = True
+        if self._receiver.is_alive():
+            self._receiver.join(1)
         if self._process.is_alive():
             self._send("close")
             self._process.join(5)
