@@ -123,7 +123,7 @@ class ConsoleApp(App[int]):
         state = self.store.view()
         self.state = state
         main = self.screen_stack[0]
-        if main.is_mounted:
+        if main.is_mounted and main.query(StatusHeader):  # none while the app tears its widgets down
             main.query_one(StatusHeader).show(state)
             main.query_one(RankGrid).show(state)
             main.query_one(Timeline).show(state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -127,6 +128,7 @@ def test_ctrl_c_stops_every_rank_and_exits_zero():
     assert proc.returncode == 0, err
     assert "stopping" in out and "summary" in out
     assert not [pid for pid in pids if alive(pid)]
+    accounted(out)
 
 
 def test_a_killed_rank_ends_the_run_nonzero_with_no_orphans():
@@ -134,11 +136,21 @@ def test_a_killed_rank_ends_the_run_nonzero_with_no_orphans():
     victim = pids[1]
     os.kill(victim, signal.SIGKILL)
     started = time.monotonic()
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert time.monotonic() - started < 60  # promptly: well before the 300 s collective timeout
     assert "rank" in err and "failed" in err
     assert not [pid for pid in pids if alive(pid)]
+    accounted(out)  # the summary still accounts for every request, what the crash cut short included
+
+
+def accounted(summary: str) -> int:
+    """Check that a summary accounts for every submitted request; returns how many were cut off."""
+    counts = re.search(r"requests finished (\d+)/(\d+) \(aborted (\d+), refused (\d+), cut off (\d+)\)", summary)
+    assert counts is not None, summary
+    finished, submitted, aborted, refused, cut_off = map(int, counts.groups())
+    assert submitted == finished + aborted + refused + cut_off, summary
+    return cut_off
 
 
 def test_torch_executor_four_ranks_complete_every_request():  # issue 4: serve --dp-size 4 on CPU, gate on
