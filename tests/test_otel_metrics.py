@@ -11,7 +11,8 @@ from control.host.backends import SimBackend
 from control.host.controller import Controller
 from control.telemetry.telemetry_cli import ENDPOINT_ENV, attach_telemetry
 from tests.helpers import sim_args
-from tests.test_tracing import OtlpReceiver, telemetry_ns
+from tests.otlp_receiver import OtlpReceiver
+from tests.test_tracing import telemetry_ns
 from workloads import ClosedLoop, Fixed, Workload
 
 
@@ -63,11 +64,11 @@ def test_prometheus_scrape_moves_and_matches_the_run_summary(monkeypatch):
     try:
         first, second, final = asyncio.run(run())
     finally:
-        receiver.server.stop(0)
+        receiver.stop()
 
     assert total(second, "prefill_gate_rounds_total") > total(first, "prefill_gate_rounds_total") > 0
     assert total(second, "prefill_gate_itl_seconds_count") > total(first, "prefill_gate_itl_seconds_count")
-    occupancy = second["prefill_gate_occupancy"]
+    occupancy = second["prefill_gate_occupancy_ratio"]
     assert sorted(labels["dp_rank"] for labels, _ in occupancy) == ["0", "1", "2"]
     assert all(0.0 <= value <= 1.0 for _, value in occupancy)
 
@@ -80,7 +81,7 @@ def test_prometheus_scrape_moves_and_matches_the_run_summary(monkeypatch):
     assert total(final, "prefill_gate_retractions_total") == summary.retractions
     assert total(final, "prefill_gate_output_tokens_total") == summary.output_tokens
     assert total(final, "prefill_gate_ttft_seconds_count") == controller.metrics.first_tokens > 0
-    assert total(final, "prefill_gate_gate_wait_rounds_count") > 0
+    assert total(final, "prefill_gate_wait_rounds_count") > 0
     assert total(final, "prefill_gate_rounds_total", point="ANY", outcome="open") == summary.windows_any
 
     pushed = {
@@ -90,4 +91,4 @@ def test_prometheus_scrape_moves_and_matches_the_run_summary(monkeypatch):
         for scope_metrics in resource_metrics.scope_metrics
         for metric in scope_metrics.metrics
     }
-    assert {"prefill_gate_rounds", "prefill_gate_occupancy", "prefill_gate_ttft"} <= pushed
+    assert {"prefill_gate_rounds", "prefill_gate_occupancy_ratio", "prefill_gate_ttft"} <= pushed

@@ -20,6 +20,7 @@ from typing import TextIO
 from control.host.backends import Backend, ProcessBackend, SimBackend
 from control.host.controller import Controller
 from control.telemetry.telemetry_cli import rank_observer_spec
+from control.telemetry.trace_status import TraceStatus, summary_lines, trace_status
 from engine.config import ServerArgs
 from engine.drivers.procs import RankFailure
 from engine.metrics import Summary
@@ -132,8 +133,8 @@ def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Name
     return ProcessBackend(args, workload, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs)
 
 
-def format_summary(summary: Summary, simulated: bool) -> str:
-    """The closing summary, a few lines."""
+def format_summary(summary: Summary, simulated: bool, tracing: TraceStatus | None = None) -> str:
+    """The closing summary, a few lines (and tracing's, when it was on)."""
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:.1f} ms" if value is not None else "-"
@@ -156,6 +157,7 @@ def format_summary(summary: Summary, simulated: bool) -> str:
             f"ranks extending per extend round {summary.mean_ranks_extending or 0:.2f}",
             f"  windows opened by ANY {summary.windows_any}  by ALL {summary.windows_all}  "
             f"gate wait p99 {summary.gate_wait_p99_rounds or 0:.0f} rounds",
+            *(summary_lines(tracing) if tracing is not None else []),
         ]
     )
 
@@ -206,7 +208,8 @@ async def run_serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-    print("\n" + format_summary(controller.summary(), controller.args.executor == "sim"), file=out, flush=True)
+    summary = format_summary(controller.summary(), controller.args.executor == "sim", trace_status(controller))
+    print("\n" + summary, file=out, flush=True)
     return 0
 
 

@@ -30,9 +30,9 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.convert import gate_config
+from control.plane.convert import gate_config, tracing_status
 from control.plane.hub import MAX_QUEUE, OutOfHistory, Subscriber
-from control.telemetry.telemetry_cli import trace_spans_dropped
+from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
 from engine.request import Finished, FirstToken, Refused, RequestError, RequestEvent, Tokens
 from prefill_gate.v1 import (
@@ -89,8 +89,8 @@ def config_message(view: ConfigView) -> pb.GateConfig:
     )
 
 
-def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) -> pb.RunStats:
-    """RunStats from the controller's summary; figures without a sample yet are 0."""
+def run_stats(summary: Summary, records_dropped: int, tracing: TraceStatus | None = None) -> pb.RunStats:
+    """RunStats from the controller's summary and tracing's status; figures without a sample yet are 0."""
     elapsed = summary.elapsed_s
     return pb.RunStats(
         rounds=summary.rounds,
@@ -113,8 +113,9 @@ def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) ->
         output_tokens=summary.output_tokens,
         retractions=summary.retractions,
         records_dropped=records_dropped,
-        trace_spans_dropped=spans_dropped,
+        trace_spans_dropped=tracing.spans_dropped if tracing is not None else 0,
         elapsed_seconds=elapsed,
+        tracing=tracing_status(tracing) if tracing is not None else None,
     )
 
 
@@ -184,7 +185,7 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
             state=controller.state,
             latest=hub.latest(),
             config=config_message(controller.config),
-            stats=run_stats(controller.summary(), controller.records_dropped(), trace_spans_dropped(controller)),
+            stats=run_stats(controller.summary(), controller.records_dropped(), trace_status(controller)),
             history_first_round=hub.first_round or 0,
             history_last_round=hub.last_round or 0,
         )

@@ -13,16 +13,24 @@ derived id, and no rank ever asks another anything.
     │   └── forward
     └── gate.round  rank 1 ...
 
-Always traced: rounds whose vote opened a window, rounds that adopted a config epoch, and rounds in
-which some rank crossed the 0.9 watermark; any other round when `TraceIdRatioBased(rate)` samples its
-trace id. Spans are built after the round from the phase marks (explicit start and end times) as
-`ReadableSpan`s: the SDK tracer would cost ~65 us per rank-round against ~4 us here (measured), and it
-cannot take a span id we derived. The SDK version is pinned and the OTLP test checks the encoding.
+Always traced: rounds that adopted a config epoch and rounds in which some rank crossed the 0.9
+watermark (both rare). Rounds whose vote opened a window are traced at their own rate
+(`--trace-window-sample-rate`): at A=4 a quarter of busy rounds open one, and tracing each of them
+cost the simulator ~30% of its round rate. Any round is traced when `TraceIdRatioBased(rate)` samples
+its trace id. Both rates test the same trace id, so every rank and the controller agree.
+
+Spans are built after the round from the phase marks (explicit start and end times) as `SpanData`
+tuples, encoded on the exporter's thread (`otlp_wire`): the SDK tracer would cost ~65 us per rank-round
+against a few us here (measured), and it cannot take a span id we derived. The root span must cover its
+children, whose ends only the ranks know: each rank publishes in its row this round's start and the
+previous round's end (`Row.span_start_ns`, `Row.previous_span_end_ns`), so the controller builds round
+r's root from the rows of rounds r and r+1.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import itertools
 import logging
 import time
@@ -31,13 +39,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from control.telemetry.otlp_wire import KIND_INTERNAL, Attributes, Producer, SpanData, producer
 from control.telemetry.trace_export import (
     DEFAULT_EXPORT_TIMEOUT_S,
     DEFAULT_QUEUE_SPANS,
@@ -56,8 +62,11 @@ if TYPE_CHECKING:
     from engine.rank import RankEngine, RoundOutcome
 
 DEFAULT_SERVICE = "prefill-gate"
-SCOPE = InstrumentationScope("prefill_gate.tracing", "0.1.0")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+try:
+    VERSION = importlib.metadata.version("prefill-gate")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    VERSION = "0+unknown"
+SCOPE_NAME = "prefill_gate.tracing"
 _ids = RandomIdGenerator()
 _log = logging.getLogger("prefill_gate.tracing")
 
@@ -91,11 +100,12 @@ def request_trace_id(run_id: str, rid: str) -> int:
 
 
 class SampleReason(StrEnum):
-    """Why a round was traced (the first rule that applies)."""
+    """Why a round was traced: the first rule that applies, rarest first (a config change that lands on
+    a window-open round says `config`)."""
 
-    OPEN = "open"  # the vote opened a window at an ANY or ALL point
     CONFIG = "config"  # every rank adopted a new config epoch after this round's gather
     WATERMARK = "watermark"  # some rank went above the 0.9 watermark this round
+    OPEN = "open"  # the vote opened a window at an ANY or ALL point, sampled at the window rate
     RATIO = "ratio"  # TraceIdRatioBased(--trace-sample-rate) sampled the trace id
 
 
@@ -124,19 +134,22 @@ def sample_reason(
     previous_hot: Sequence[bool] | None,
     adopted_epoch: int | None,
     ratio: TraceIdRatioBased,
+    window: TraceIdRatioBased,
 ) -> SampleReason | None:
     """Whether a round is traced: a pure function of what every rank and the controller hold alike.
 
     `hot` / `previous_hot`: `hot_ranks` of this round's and the previous round's rows (see `crossed_watermark`).
+    `ratio` samples any round, `window` the rounds whose vote opened a window; both test the trace id.
     """
-    if any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows):
-        return SampleReason.OPEN
     if adopted_epoch:
         return SampleReason.CONFIG
     if crossed_watermark(hot, previous_hot):
         return SampleReason.WATERMARK
     # TraceIdRatioBased.should_sample's own test, without building its result objects every round.
-    if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < ratio.bound:
+    key = trace_id & TraceIdRatioBased.TRACE_ID_LIMIT
+    if key < window.bound and any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows):
+        return SampleReason.OPEN
+    if key < ratio.bound:
         return SampleReason.RATIO
     return None
 
@@ -150,11 +163,6 @@ class RoundContext:
     root_span_id: int
     reason: SampleReason
 
-    @property
-    def root(self) -> SpanContext:
-        """The root span's context, as a parent for the ranks' spans (another process exports it)."""
-        return SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=_SAMPLED)
-
 
 class RoundSampler:
     """Decides round by round which rounds are traced; remembers the previous rows for the watermark rule.
@@ -165,9 +173,10 @@ class RoundSampler:
     its own process (the simulator), instead of deciding the same round again.
     """
 
-    def __init__(self, run_id: str, sample_rate: float, *, publish: bool = False) -> None:
+    def __init__(self, run_id: str, sample_rate: float, window_rate: float, *, publish: bool = False) -> None:
         self.run_id = run_id
         self.ratio = TraceIdRatioBased(sample_rate)
+        self.window = TraceIdRatioBased(window_rate)
         self._publish = publish
         self._log = _decision_logs.setdefault(run_id, {})
         self._round = -1
@@ -189,7 +198,7 @@ class RoundSampler:
             previous = self._hot if self._round == round_ - 1 else None
         hot = hot_ranks(rows)
         trace_id = round_trace_id(self.run_id, round_)
-        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio)
+        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
         context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
         self._round, self._hot, self._context = round_, hot, context
         if self._publish:
@@ -208,53 +217,6 @@ def forget_run(run_id: str) -> None:
     _decision_logs.pop(run_id, None)
     for key in [key for key in _rank_samplers if key[0] == run_id]:
         del _rank_samplers[key]
-
-
-class StaticResource(Resource):
-    """A Resource that hashes once: the OTLP encoder hashes the resource of every span it encodes
-    (a JSON dump, ~5 us), and a rank's resource never changes."""
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-
-def make_span(
-    name: str,
-    context: SpanContext,
-    parent: SpanContext | None,
-    resource: Resource,
-    start_ns: int,
-    end_ns: int,
-    attributes: dict[str, object],
-    *,
-    events: Sequence[Event] = (),
-    links: Sequence[Link] = (),
-    status: Status | None = None,
-) -> ReadableSpan:
-    """A finished span with explicit times, ready to export."""
-    return ReadableSpan(
-        name=name,
-        context=context,
-        parent=parent,
-        resource=resource,
-        attributes=attributes,  # type: ignore[arg-type]
-        events=events,
-        links=links,
-        kind=SpanKind.INTERNAL,
-        status=status or Status(StatusCode.UNSET),
-        start_time=start_ns,
-        end_time=max(start_ns, end_ns),
-        instrumentation_scope=SCOPE,
-    )
-
-
-def span_context(trace_id: int, span_id: int) -> SpanContext:
-    """The context of a span exported from this process (sampled)."""
-    return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
 
 
 def new_span_id() -> int:
@@ -277,55 +239,71 @@ class RoundMarks(MarkTimer):
 
 
 class RankRoundTracer:
-    """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it."""
+    """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it.
+
+    Its row fields (`fill_row`): the spans it could not deliver so far, this round's start and the
+    previous round's end (the controller's root of a round covers every rank's span with them).
+    """
 
     def __init__(
         self,
         engine: RankEngine,
         sampler: RoundSampler,
         shipper: SpanShipper,
-        resource: Resource,
+        resource: Attributes,
         *,
-        last_round: int | None = None,
-        flush_timeout_s: float = 2.0,
+        close_timeout_s: float = 2.0,
     ) -> None:
         self.rank = engine.rank
         self.run_id = sampler.run_id
         self.sampler = sampler
         self.shipper = shipper
-        self.resource = resource
+        self.producer: Producer = producer(resource, SCOPE_NAME, VERSION)
         self.counter = DropCounter()
-        self.last_round = last_round
-        self.flush_timeout_s = flush_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self._previous_end = 0
         self._reported = False
         # Phase profiling keeps its totals (MarkTimer is a PhaseTimer); otherwise the lean marks do.
-        engine.timer = RoundMarks() if isinstance(engine.timer, NullTimer) else MarkTimer()
+        self._timer = engine.timer = RoundMarks() if isinstance(engine.timer, NullTimer) else MarkTimer()
 
     @property
     def dropped(self) -> int:
-        """Spans of this rank that never reached the collector (published in the row as `spans_dropped`)."""
+        """Spans of this rank not confirmed delivered (published in the row as `spans_dropped`)."""
         return self.counter.total
 
+    def fill_row(self, row: Row) -> None:
+        """Publish the drop count and the span bounds the controller's root needs."""
+        row.spans_dropped = self.counter.total
+        marks = self._timer.marks
+        row.span_start_ns = marks[0][1] if marks else 0
+        row.previous_span_end_ns = self._previous_end
+
     def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
-        """Trace the round if it is sampled; flush before the last round returns (the process ends next)."""
+        """Trace the round if it is sampled. Never flushes: a flush here would stretch the round (and, in a
+        lockstep group, show up as the next ranks' all-gather); the process flushes when it ends."""
         try:
+            marks = self._timer.marks
+            self._previous_end = marks[-1][1] if marks else 0
             context = self.sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
-            if context is not None and isinstance(engine.timer, MarkTimer) and len(engine.timer.marks) > 1:
-                self.shipper.offer(self._spans(context, engine.timer.marks, outcome), self.counter)
-            if outcome.stop or (self.last_round is not None and outcome.round >= self.last_round):
-                self.shipper.flush(self.flush_timeout_s)
+            if context is not None and len(marks) > 1:
+                self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
         except Exception:  # a tracing bug must never stop a rank: count the round's spans as lost
-            self.counter.refused += 4
+            self.counter.failed += 4
             if not self._reported:
                 self._reported = True
                 _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
 
-    def _spans(self, context: RoundContext, marks: list[tuple[str, int]], outcome: RoundOutcome) -> list[ReadableSpan]:
+    def close(self) -> None:
+        """End of the rank process: flush and close its shipper (bounded), so that `dropped` is final."""
+        self.shipper.close(self.close_timeout_s)
+
+    def _spans(self, context: RoundContext, marks: list[tuple[str, int]], outcome: RoundOutcome) -> list[SpanData]:
         bounds = {phase: (start, end) for (_, start), (phase, end) in itertools.pairwise(marks)}
         row = outcome.rows[self.rank]
         decision = outcome.decision
-        own = span_context(context.trace_id, rank_span_id(self.run_id, context.round, self.rank))
-        attributes: dict[str, object] = {  # ~3 us each to encode: what a reader of the round needs, no more
+        trace_id = context.trace_id
+        own = rank_span_id(self.run_id, context.round, self.rank)
+        attributes: dict[str, object] = {  # what a reader of the round needs, no more
             "gate.rank": self.rank,
             "gate.round": context.round,
             "gate.point": GatePoint(decision.point).name,
@@ -338,7 +316,19 @@ class RankRoundTracer:
         }
         if outcome.adopted_epoch:
             attributes["gate.adopted_epoch"] = outcome.adopted_epoch
-        spans = [make_span("gate.round", own, context.root, self.resource, marks[0][1], marks[-1][1], attributes)]
+        spans = [
+            SpanData(
+                trace_id,
+                own,
+                context.root_span_id,
+                "gate.round",
+                KIND_INTERNAL,
+                marks[0][1],
+                marks[-1][1],
+                attributes,  # type: ignore[arg-type]
+                parent_remote=True,  # the controller exports the root
+            )
+        ]
         # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
         gather = bounds.get("gather") or bounds.get("observe")
         plan = {
@@ -354,30 +344,30 @@ class RankRoundTracer:
         )
         for name, span_bounds, extra in children:
             if span_bounds is not None:
-                child = span_context(context.trace_id, new_span_id())
-                spans.append(make_span(name, child, own, self.resource, span_bounds[0], span_bounds[1], extra))
+                spans.append(SpanData(trace_id, new_span_id(), own, name, KIND_INTERNAL, *span_bounds, extra))
         return spans
 
 
-def rank_resource(run_id: str, rank: int, size: int, service_name: str = DEFAULT_SERVICE) -> Resource:
+def rank_resource(run_id: str, rank: int, size: int, service_name: str = DEFAULT_SERVICE) -> dict[str, Any]:
     """Resource attributes of one rank's spans."""
     return resource_of(
         {
             SERVICE_NAME: service_name,
+            SERVICE_VERSION: VERSION,
             SERVICE_INSTANCE_ID: f"{run_id}/rank{rank}",
-            "rank": rank,
+            "prefill_gate.rank": rank,
             "prefill_gate.run_id": run_id,
             "prefill_gate.dp_size": size,
         }
     )
 
 
-def resource_of(attributes: dict[str, object]) -> StaticResource:
-    """`Resource.create` (SDK defaults, OTEL_RESOURCE_ATTRIBUTES) with our attributes winning, hashed once."""
-    return StaticResource(Resource.create(attributes))  # type: ignore[arg-type]
+def resource_of(attributes: dict[str, object]) -> dict[str, Any]:
+    """`Resource.create`'s attributes (SDK defaults, OTEL_RESOURCE_ATTRIBUTES) with ours winning."""
+    return dict(Resource.create(attributes).attributes)  # type: ignore[arg-type]
 
 
-_rank_samplers: dict[tuple[str, float], RoundSampler] = {}
+_rank_samplers: dict[tuple[str, float, float], RoundSampler] = {}
 
 
 def rank_observer(
@@ -386,11 +376,11 @@ def rank_observer(
     endpoint: str,
     run_id: str,
     sample_rate: float,
-    max_rounds: int | None = None,
+    window_sample_rate: float,
     service_name: str = DEFAULT_SERVICE,
     queue_spans: int = DEFAULT_QUEUE_SPANS,
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S,
-    flush_timeout_s: float = 2.0,
+    close_timeout_s: float = 2.0,
 ) -> RankRoundTracer:
     """Observer factory a rank process (or the simulator) loads as `control.telemetry.tracing:rank_observer`.
 
@@ -398,14 +388,14 @@ def rank_observer(
     """
     config = ShipperConfig(max_queue_spans=queue_spans, export_timeout_s=export_timeout_s)
     shipper = shared_shipper(parse_otlp_endpoint(endpoint), config)
-    sampler = _rank_samplers.get((run_id, sample_rate))
+    key = (run_id, sample_rate, window_sample_rate)
+    sampler = _rank_samplers.get(key)
     if sampler is None:
-        sampler = _rank_samplers[(run_id, sample_rate)] = RoundSampler(run_id, sample_rate, publish=True)
+        sampler = _rank_samplers[key] = RoundSampler(run_id, sample_rate, window_sample_rate, publish=True)
     return RankRoundTracer(
         engine,
         sampler,
         shipper,
         rank_resource(run_id, engine.rank, engine.size, service_name),
-        last_round=max_rounds - 1 if max_rounds else None,
-        flush_timeout_s=flush_timeout_s,
+        close_timeout_s=close_timeout_s,
     )
