@@ -376,7 +376,7 @@ def rank_observer(
     endpoint: str,
     run_id: str,
     sample_rate: float,
-    window_sample_rate: float,
+    window_sample_rate: float | None = None,
     service_name: str = DEFAULT_SERVICE,
     queue_spans: int = DEFAULT_QUEUE_SPANS,
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S,
@@ -385,7 +385,10 @@ def rank_observer(
     """Observer factory a rank process (or the simulator) loads as `control.telemetry.tracing:rank_observer`.
 
     The ranks of one process share one shipper and one sampler (a lockstep group decides each round once).
+    `window_sample_rate` None: window-open rounds at `sample_rate` like any other.
     """
+    if window_sample_rate is None:
+        window_sample_rate = sample_rate
     config = ShipperConfig(max_queue_spans=queue_spans, export_timeout_s=export_timeout_s)
     shipper = shared_shipper(parse_otlp_endpoint(endpoint), config)
     key = (run_id, sample_rate, window_sample_rate)
