@@ -150,7 +150,7 @@ def encode_span(span: SpanData) -> bytes:
     code, message = span.status or (STATUS_UNSET, "")
     status = (_string(b"\x12", message) if message else b"") + (b"\x18" + varint(code) if code else b"")
     parts.append(_delimited(b"\x7a", status))  # Status = 15, present even when unset (as the SDK encodes it)
-    flags = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if span.parent_remote else 0)
+    flags = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if span.parent_id and span.parent_remote else 0)
     parts.append(b"\x85\x01" + _fixed32(flags))  # flags = 16, fixed32
     return b"".join(parts)
 

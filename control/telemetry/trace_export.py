@@ -34,7 +34,6 @@ DEFAULT_PORT = 4317  # OTLP/gRPC; Jaeger listens there since 1.35
 DEFAULT_QUEUE_SPANS = 32768
 DEFAULT_EXPORT_TIMEOUT_S = 30.0  # long: only a collector silent this long makes spans "unconfirmed"
 MAX_REQUEST_BYTES = 3 << 20  # under gRPC servers' default 4 MiB receive limit
-STALLED_AFTER_S = 2.0  # an export unanswered this long shows the exporter as stalled
 LOSS_LOG_INTERVAL_S = 30.0  # at most one "spans not delivered" line per interval
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
 _log = logging.getLogger("prefill_gate.tracing")
@@ -143,6 +142,7 @@ class ShipperConfig:
     schedule_delay_s: float = 0.2
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S
     retry_s: float = 5.0  # how long an UNAVAILABLE / RESOURCE_EXHAUSTED batch is retried before it fails
+    stalled_after_s: float = 2.0  # an export unanswered this long shows the exporter as stalled
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +262,7 @@ class SpanShipper:
         since = self._inflight_since
         if self._closed:
             state, detail = "closed", self._last_error
-        elif since and now - since > STALLED_AFTER_S:
+        elif since and now - since > self.config.stalled_after_s:
             state, detail = "stalled", f"no answer for {now - since:.1f} s"
         elif self._failing:
             state, detail = "failing", self._last_error
