@@ -12,7 +12,7 @@ import pytest
 
 from control.host.backends import SimBackend
 from control.host.controller import Controller
-from control.host.serve import format_summary
+from control.host.serve import format_summary, run_serve
 from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import ENDPOINT_ENV, attach_telemetry, rank_observer_spec
 from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
@@ -20,8 +20,8 @@ from control.telemetry.trace_status import TraceStatus, trace_status
 from control.telemetry.tracing import new_span_id
 from engine.metrics import summarize
 from tests.helpers import sim_args
-from tests.otlp_receiver import OtlpReceiver
-from tests.test_tracing import telemetry_ns
+from tests.otlp_receiver import OtlpReceiver, attrs
+from tests.test_tracing import assert_roots_cover_their_trees, telemetry_ns
 from workloads import ClosedLoop, Fixed, Workload
 
 
@@ -51,7 +51,7 @@ def test_drops_are_counted_exactly_across_a_hung_and_resumed_collector(receiver,
     args = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
     run_id = "drops-exact"
     observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
-    kwargs["queue_spans"] = 400  # ~50 rounds of 2 ranks: the hang overflows it
+    kwargs["queue_spans"] = 160  # 20 rounds of 2 ranks: the hang overflows it
     workload = Workload(ClosedLoop(8), dp_size=2, prompt=Fixed(100), output=Fixed(30), seed=1)
     backend = SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
     controller = Controller(args, backend, run_id=run_id, stop_when_idle=False)
@@ -62,10 +62,10 @@ def test_drops_are_counted_exactly_across_a_hung_and_resumed_collector(receiver,
         stop = await attach_telemetry(controller, ns)
         runner = asyncio.create_task(controller.run())
         try:
-            await until(lambda: controller.latest is not None and controller.latest.round > 100)
+            await until(lambda: controller.latest is not None and controller.latest.round > 20)
             receiver.hang()
             await until(receiver.hung.is_set)  # an export is held by the collector
-            await until(lambda: sum(c.refused for c in counters) > 200)  # the ranks' queue overflowed
+            await until(lambda: sum(c.refused for c in counters) > 40)  # the ranks' queue overflowed
             during = trace_status(controller)
             receiver.resume()
             await until(lambda: all(c.offered == c.exported + c.refused for c in counters))  # drained
@@ -92,6 +92,28 @@ def test_drops_are_counted_exactly_across_a_hung_and_resumed_collector(receiver,
     assert f"WARNING: spans dropped {status.spans_dropped} (ranks " in summary
     logged = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
     assert logged and len(logged) <= 3  # rate-limited: one line at the first loss, one at close
+
+
+def test_rounds_traced_only_for_a_watermark_crossing_have_covering_roots_and_say_they_were_not_timed(receiver):
+    # Rates 0: only watermark crossings (a small pool) are traced. Their phases were not timed (timing
+    # every round would cost every round), so each rank's span says so and has no children; the root
+    # still covers them.
+    rates = ("--trace-sample-rate", "0", "--trace-window-sample-rate", "0")
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, *rates)
+    ns.otlp_metrics, ns.no_progress = False, True
+    args = sim_args(dp_size=2, kv_pages=40, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
+    observer, kwargs = rank_observer_spec(ns, "watermark-only", 2)  # type: ignore[misc]
+    workload = Workload(ClosedLoop(8), dp_size=2, prompt=Fixed(200), output=Fixed(40), limit=24, seed=2)
+    backend = SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
+    controller = Controller(args, backend, run_id="watermark-only")
+    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
+    spans = [span for _, span in receiver.spans() if span.name in ("round", "gate.round", "plan")]
+    roots = [span for span in spans if span.name == "round"]
+    assert roots and {attrs(root)["gate.sample_reason"] for root in roots} == {"watermark"}
+    assert assert_roots_cover_their_trees(receiver.spans()) == len(roots)
+    ranks = [span for span in spans if span.name == "gate.round"]
+    assert len(ranks) == 2 * len(roots) and all(attrs(span)["gate.phases_timed"] is False for span in ranks)
+    assert not [span for span in spans if span.name == "plan"]
 
 
 def test_an_export_unanswered_past_the_deadline_is_unconfirmed_not_lost(receiver):

@@ -70,7 +70,12 @@ def gate_args(**overrides: Any):
 
 
 def test_round_context_is_derived_alike_everywhere_and_differs_by_run_and_round():
-    # Same (run, round) -> same ids on any rank or process; another run or round -> other ids.
+    # Same (run, round) -> same ids on any rank or process; another run or round -> other ids; the
+    # sampler's cached hashing gives the very ids `round_trace_id` derives.
+    sampler = RoundSampler("run-a", 1.0, 1.0)
+    assert [sampler.decide(r, (Row(),), None).trace_id for r in (0, 7, 12345)] == [  # type: ignore[union-attr]
+        round_trace_id("run-a", r) for r in (0, 7, 12345)
+    ]
     assert round_trace_id("run-a", 7) == round_trace_id("run-a", 7)
     assert round_trace_id("run-a", 7) != round_trace_id("run-b", 7) != round_trace_id("run-a", 8)
     assert round_root_span_id("run-a", 7) not in {rank_span_id("run-a", 7, r) for r in range(8)}
@@ -97,7 +102,8 @@ def test_config_and_watermark_rounds_are_always_traced_and_windows_at_their_own_
     hot = (Row(rank=0, pool_pages_used=95, pool_pages_usable=100), Row(rank=1, pool_pages_usable=100))
 
     def reason(rows, previous, adopted=None, window=never):
-        return sample_reason(1, rows, hot_ranks(rows), previous and hot_ranks(previous), adopted, never, window)
+        before = hot_ranks(previous) if previous else 0
+        return sample_reason(1, rows, hot_ranks(rows), before, adopted, never, window)
 
     assert reason(calm, ()) is None
     assert reason(opened, calm) is None  # window rate 0: not traced

@@ -54,7 +54,7 @@ from control.telemetry.trace_export import (
     shared_shipper,
 )
 from engine.gate import GatePoint
-from engine.phases import MarkTimer, NullTimer
+from engine.phases import MarkTimer, NullTimer, PhaseTimer
 from engine.rows import Row
 from engine.scheduler.plan import K_PREFILL_WATERMARK
 
@@ -68,6 +68,7 @@ except importlib.metadata.PackageNotFoundError:  # a source tree that was never 
     VERSION = "0+unknown"
 SCOPE_NAME = "prefill_gate.tracing"
 _ids = RandomIdGenerator()
+_now = time.time_ns
 _log = logging.getLogger("prefill_gate.tracing")
 
 
@@ -77,6 +78,11 @@ _log = logging.getLogger("prefill_gate.tracing")
 def _digest(kind: bytes, key: str, size: int) -> int:
     value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=size, person=kind).digest(), "big")
     return value or 1  # an all-zero id is invalid in OTLP
+
+
+def _digest_state(kind: bytes, prefix: str, size: int) -> Any:
+    """The hash state after `prefix`: `_digest(kind, prefix + rest)` is this state, copied, updated with rest."""
+    return hashlib.blake2b(prefix.encode(), digest_size=size, person=kind)
 
 
 def round_trace_id(run_id: str, round_: int) -> int:
@@ -109,29 +115,30 @@ class SampleReason(StrEnum):
     RATIO = "ratio"  # TraceIdRatioBased(--trace-sample-rate) sampled the trace id
 
 
-def hot_ranks(rows: Sequence[Row]) -> tuple[bool, ...]:
-    """Which ranks are above the 0.9 watermark (rule P1's threshold)."""
-    return tuple(row.occupancy > K_PREFILL_WATERMARK for row in rows)
+def hot_ranks(rows: Sequence[Row]) -> int:
+    """Which ranks are above the 0.9 watermark (rule P1's threshold), as a bit mask by rank (cheap: the
+    sampler asks every round)."""
+    mask = 0
+    for row in rows:
+        if row.pool_pages_used > K_PREFILL_WATERMARK * row.pool_pages_usable > 0:  # `Row.occupancy` > 0.9
+            mask |= 1 << row.rank
+    return mask
 
 
-def crossed_watermark(hot: Sequence[bool], previous: Sequence[bool] | None) -> bool:
+def crossed_watermark(hot: int, previous: int | None) -> bool:
     """Some rank is above the watermark now and was not in the previous round.
 
-    `previous` empty: there was no previous round. None: it is unknown (a record was lost), and any rank
-    above the watermark counts, so the controller never leaves a traced round without its root.
+    `previous` 0: none was (or there was no previous round). None: it is unknown (a record was lost), and
+    any rank above the watermark counts, so the controller never leaves a traced round without its root.
     """
-    if previous is None:
-        return any(hot)
-    if not previous:
-        previous = (False,) * len(hot)
-    return any(now and not was for now, was in zip(hot, previous, strict=False))
+    return bool(hot if previous is None else hot & ~previous)
 
 
 def sample_reason(
     trace_id: int,
     rows: Sequence[Row],
-    hot: Sequence[bool],
-    previous_hot: Sequence[bool] | None,
+    hot: int,
+    previous_hot: int | None,
     adopted_epoch: int | None,
     ratio: TraceIdRatioBased,
     window: TraceIdRatioBased,
@@ -180,8 +187,28 @@ class RoundSampler:
         self._publish = publish
         self._log = _decision_logs.setdefault(run_id, {})
         self._round = -1
-        self._hot: tuple[bool, ...] | None = ()
+        self._hot: int | None = 0
         self._context: RoundContext | None = None
+        self._bound = max(self.ratio.bound, self.window.bound)
+        self._timed_round = -1
+        self._timed_id = 0
+        self._timed = False
+        self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 16)
+
+    def _trace_id(self, round_: int) -> int:
+        """`round_trace_id(self.run_id, round_)`, hashing the run id once."""
+        state = self._trace_key.copy()
+        state.update(str(round_).encode())
+        return int.from_bytes(state.digest(), "big") or 1
+
+    def timed(self, round_: int) -> bool:
+        """Whether a rate may pick round `round_` (its trace id falls under the larger rate), known before
+        it runs: such rounds get their phases timed. Asked before each round, answered once per process."""
+        if round_ != self._timed_round:
+            self._timed_id = self._trace_id(round_)
+            self._timed_round = round_
+            self._timed = self._timed_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+        return self._timed
 
     def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
         """The round's context when it is traced, else None."""
@@ -193,11 +220,11 @@ class RoundSampler:
                 self._round, self._hot, self._context = round_, None, logged
                 return logged
         if round_ == 0:
-            previous: tuple[bool, ...] | None = ()
+            previous: int | None = 0
         else:
             previous = self._hot if self._round == round_ - 1 else None
         hot = hot_ranks(rows)
-        trace_id = round_trace_id(self.run_id, round_)
+        trace_id = self._timed_id if round_ == self._timed_round else self._trace_id(round_)
         reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
         context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
         self._round, self._hot, self._context = round_, hot, context
@@ -232,10 +259,26 @@ class RoundMarks(MarkTimer):
 
     def start(self) -> None:
         self.rounds += 1
-        self.marks = [("start", time.time_ns())]
+        self.marks = [("start", _now())]
 
     def lap(self, phase: str) -> None:
-        self.marks.append((phase, time.time_ns()))
+        self.marks.append((phase, _now()))
+
+
+class StartMark(PhaseTimer):
+    """Only the round's start, in an attribute: the timer of rounds no rate can pick. A round has eight
+    phases, and a clock read plus a list entry each cost the in-process simulator ~8% of its round
+    rate on a loaded 2-core machine (measured); the end is read once the round is done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    def start(self) -> None:
+        self.started = _now()
+
+    def lap(self, phase: str) -> None:
+        return None
 
 
 class RankRoundTracer:
@@ -263,8 +306,18 @@ class RankRoundTracer:
         self.close_timeout_s = close_timeout_s
         self._previous_end = 0
         self._reported = False
-        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer); otherwise the lean marks do.
-        self._timer = engine.timer = RoundMarks() if isinstance(engine.timer, NullTimer) else MarkTimer()
+        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer, every round timed); otherwise the
+        # lean marks time the rounds a rate may pick, and the others only start and end.
+        self._profiling = not isinstance(engine.timer, NullTimer)
+        self._phases: MarkTimer = RoundMarks() if not self._profiling else MarkTimer()
+        self._start_only = StartMark()
+        self._timer: MarkTimer | StartMark = self._phases
+        self._arm(engine, engine.round)
+
+    def _arm(self, engine: RankEngine, round_: int) -> None:
+        """Choose the timer of round `round_` before it starts."""
+        timed = self._profiling or self.sampler.timed(round_)
+        self._timer = engine.timer = self._phases if timed else self._start_only
 
     @property
     def dropped(self) -> int:
@@ -274,19 +327,29 @@ class RankRoundTracer:
     def fill_row(self, row: Row) -> None:
         """Publish the drop count and the span bounds the controller's root needs."""
         row.spans_dropped = self.counter.total
-        marks = self._timer.marks
-        row.span_start_ns = marks[0][1] if marks else 0
+        timer = self._timer
+        if timer is self._start_only:
+            row.span_start_ns = self._start_only.started
+        else:
+            row.span_start_ns = self._phases.marks[0][1] if self._phases.marks else 0
         row.previous_span_end_ns = self._previous_end
 
     def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
         """Trace the round if it is sampled. Never flushes: a flush here would stretch the round (and, in a
         lockstep group, show up as the next ranks' all-gather); the process flushes when it ends."""
         try:
-            marks = self._timer.marks
-            self._previous_end = marks[-1][1] if marks else 0
+            timed = self._timer is self._phases
+            if timed:
+                marks = self._phases.marks
+                self._previous_end = marks[-1][1]
+            else:
+                self._previous_end = _now()
             context = self.sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
-            if context is not None and len(marks) > 1:
+            if context is not None:
+                if not timed:
+                    marks = [("start", self._start_only.started), ("commit", self._previous_end)]
                 self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
+            self._arm(engine, outcome.round + 1)
         except Exception:  # a tracing bug must never stop a rank: count the round's spans as lost
             self.counter.failed += 4
             if not self._reported:
@@ -316,6 +379,8 @@ class RankRoundTracer:
         }
         if outcome.adopted_epoch:
             attributes["gate.adopted_epoch"] = outcome.adopted_epoch
+        if len(marks) == 2:
+            attributes["gate.phases_timed"] = False  # picked after it ran (config, watermark): no phase marks
         spans = [
             SpanData(
                 trace_id,
