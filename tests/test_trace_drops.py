@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import pytest
 from control.host.backends import SimBackend
 from control.host.controller import Controller
 from control.host.serve import format_summary, run_serve
+from control.plane.grpc_server import ControlPlane, PlaneOptions
 from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import ENDPOINT_ENV, attach_telemetry, rank_observer_spec
 from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
@@ -21,6 +23,7 @@ from control.telemetry.tracing import new_span_id
 from engine.metrics import summarize
 from tests.helpers import sim_args
 from tests.otlp_receiver import OtlpReceiver, attrs
+from tests.test_ctl import ctl
 from tests.test_tracing import assert_roots_cover_their_trees, telemetry_ns
 from workloads import ClosedLoop, Fixed, Workload
 
@@ -68,10 +71,16 @@ def test_drops_are_counted_exactly_across_a_hung_and_resumed_collector(receiver,
             await until(lambda: sum(c.refused for c in counters) > 40)  # the ranks' queue overflowed
             during = trace_status(controller)
             receiver.resume()
-            await until(lambda: all(c.offered == c.exported + c.refused for c in counters))  # drained
             controller.request_stop()
             await runner
+            # Every span is offered by now (the tracer's close exports the last root and requests); let
+            # the exporters drain without a deadline, so that nothing is left in flight at close.
+            controller.backend.tracer.close()
+            loop = asyncio.get_running_loop()
+            for shipper in {backend.driver.engines[0].observer.shipper, controller.backend.shipper}:
+                assert await loop.run_in_executor(None, shipper.flush, 60.0)
         finally:
+            receiver.resume()
             await stop()  # closes the shippers: every count is final
         return during.spans_dropped, receiver.held
 
@@ -170,3 +179,46 @@ def test_the_summary_says_nothing_of_tracing_when_it_is_off():
     text = format_summary(summarize([], [], []), False, TraceStatus())
     assert "tracing" not in text and "spans" not in text
     assert io.StringIO(text).read().startswith("summary")
+
+
+def test_ctl_snapshot_shows_a_stalled_exporter_and_the_spans_dropped(receiver, monkeypatch):
+    # Where an operator looks: `ctl snapshot` over a real control plane, while the collector holds every
+    # export. The tracing line says the exporter is stalled and how many spans were dropped; the JSON
+    # carries the same figures in RunStats.tracing (what the console header reads).
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0", "--no-otlp-metrics")
+    args = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
+    observer, kwargs = rank_observer_spec(ns, "ctl-stall", 2)  # type: ignore[misc]
+    kwargs["queue_spans"] = 80
+    workload = Workload(ClosedLoop(4), dp_size=2, prompt=Fixed(100), output=Fixed(30), seed=1)
+    backend = SimBackend(args, workload, pace=1.0, observer=observer, observer_kwargs=kwargs)
+    controller = Controller(args, backend, run_id="ctl-stall", stop_when_idle=False)
+
+    async def go() -> tuple[str, dict]:
+        controller.start()
+        stop = await attach_telemetry(controller, ns)
+        controller.backend.shipper.config = ShipperConfig(stalled_after_s=0.2)  # the controller's exporter
+        plane = ControlPlane(controller, PlaneOptions(port=0, token=None), out=io.StringIO())
+        await plane.start()
+        runner = asyncio.create_task(controller.run())
+        try:
+            receiver.hang()
+            await until(lambda: trace_status(controller).exporter_state == "stalled")
+            await until(lambda: trace_status(controller).spans_dropped > 0)
+            text = (await ctl(plane.target, "snapshot"))[1]
+            snapshot = json.loads((await ctl(plane.target, "snapshot", "--json"))[1])
+        finally:
+            receiver.resume()
+            await plane.stop()
+            controller.request_stop()
+            await runner
+            await stop()
+        return text, snapshot
+
+    text, snapshot = asyncio.run(go())
+    [line] = [line for line in text.splitlines() if line.startswith("tracing: ")]
+    assert f"tracing: {receiver.endpoint}  rounds traced " in line and "exporter stalled: no answer for" in line
+    dropped = int(line.split("spans dropped ")[1].split()[0])
+    tracing = snapshot["stats"]["tracing"]
+    assert dropped > 0 and int(tracing["spans_dropped"]) >= dropped and tracing["exporter_state"] == "stalled"
+    assert tracing["enabled"] and float(tracing["sample_rate"]) == 1.0 and int(tracing["rounds_traced"]) > 0
