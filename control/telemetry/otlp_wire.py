@@ -120,6 +120,20 @@ def _attributes(tag: bytes, attributes: Attributes) -> bytes:
     return b"".join(_delimited(tag, key_value(key, value)) for key, value in attributes.items())
 
 
+_names: dict[tuple[str, int], bytes] = {}
+_UNSET_STATUS = b"\x7a\x00"  # Status = 15, present even when unset (as the SDK encodes it)
+_FLAGS = {
+    remote: b"\x85\x01" + _fixed32(_FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if remote else 0)) for remote in (0, 1)
+}
+
+
+def _name_and_kind(name: str, kind: int) -> bytes:
+    encoded = _names.get((name, kind))
+    if encoded is None:
+        encoded = _names[(name, kind)] = _string(b"\x2a", name) + b"\x30" + varint(kind)
+    return encoded
+
+
 def encode_span(span: SpanData) -> bytes:
     """A Span message body."""
     parts = [
@@ -128,8 +142,7 @@ def encode_span(span: SpanData) -> bytes:
     ]
     if span.parent_id:
         parts.append(b"\x22\x08" + span.parent_id.to_bytes(8, "big"))
-    parts.append(_string(b"\x2a", span.name))
-    parts.append(b"\x30" + varint(span.kind))
+    parts.append(_name_and_kind(span.name, span.kind))
     parts.append(b"\x39" + _fixed64(span.start_ns))
     parts.append(b"\x41" + _fixed64(max(span.start_ns, span.end_ns)))
     parts += [_span_attribute(key, value) for key, value in span.attributes.items()]
@@ -147,11 +160,13 @@ def encode_span(span: SpanData) -> bytes:
             + _fixed32(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
         )
         parts.append(_delimited(b"\x6a", link))
-    code, message = span.status or (STATUS_UNSET, "")
-    status = (_string(b"\x12", message) if message else b"") + (b"\x18" + varint(code) if code else b"")
-    parts.append(_delimited(b"\x7a", status))  # Status = 15, present even when unset (as the SDK encodes it)
-    flags = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if span.parent_id and span.parent_remote else 0)
-    parts.append(b"\x85\x01" + _fixed32(flags))  # flags = 16, fixed32
+    if span.status is None:
+        parts.append(_UNSET_STATUS)
+    else:
+        code, message = span.status
+        status = (_string(b"\x12", message) if message else b"") + (b"\x18" + varint(code) if code else b"")
+        parts.append(_delimited(b"\x7a", status))
+    parts.append(_FLAGS[bool(span.parent_id and span.parent_remote)])  # flags = 16, fixed32
     return b"".join(parts)
 
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import itertools
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +40,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from control.telemetry.otlp_wire import KIND_INTERNAL, Attributes, Producer, SpanData, producer
@@ -67,8 +66,10 @@ try:
 except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
     VERSION = "0+unknown"
 SCOPE_NAME = "prefill_gate.tracing"
-_ids = RandomIdGenerator()
+_random_bits = random.getrandbits
 _now = time.time_ns
+_POINT_NAMES = {point.value: point.name for point in GatePoint} | {point: point.name for point in GatePoint}
+_LOCKSTEP = {"gate.lockstep": True}
 _log = logging.getLogger("prefill_gate.tracing")
 
 
@@ -247,8 +248,8 @@ def forget_run(run_id: str) -> None:
 
 
 def new_span_id() -> int:
-    """A random span id (for spans nobody needs to find by derivation)."""
-    return _ids.generate_span_id()
+    """A random span id (for spans nobody needs to find by derivation); never the invalid 0."""
+    return _random_bits(64) or 1
 
 
 # -- the rank side -----------------------------------------------------------------------------------
@@ -361,15 +362,14 @@ class RankRoundTracer:
         self.shipper.close(self.close_timeout_s)
 
     def _spans(self, context: RoundContext, marks: list[tuple[str, int]], outcome: RoundOutcome) -> list[SpanData]:
-        bounds = {phase: (start, end) for (_, start), (phase, end) in itertools.pairwise(marks)}
         row = outcome.rows[self.rank]
         decision = outcome.decision
         trace_id = context.trace_id
         own = rank_span_id(self.run_id, context.round, self.rank)
-        attributes: dict[str, object] = {  # what a reader of the round needs, no more
+        attributes: dict[str, Any] = {  # what a reader of the round needs, no more
             "gate.rank": self.rank,
             "gate.round": context.round,
-            "gate.point": GatePoint(decision.point).name,
+            "gate.point": _POINT_NAMES[decision.point],
             "gate.open": decision.allow_prefill,
             "gate.counter": decision.counter,
             "gate.want_prefill": row.want_prefill,
@@ -379,8 +379,22 @@ class RankRoundTracer:
         }
         if outcome.adopted_epoch:
             attributes["gate.adopted_epoch"] = outcome.adopted_epoch
+        start, end = marks[0][1], marks[-1][1]
         if len(marks) == 2:
             attributes["gate.phases_timed"] = False  # picked after it ran (config, watermark): no phase marks
+            return [
+                SpanData(
+                    trace_id,
+                    own,
+                    context.root_span_id,
+                    "gate.round",
+                    KIND_INTERNAL,
+                    start,
+                    end,
+                    attributes,
+                    parent_remote=True,
+                )
+            ]
         spans = [
             SpanData(
                 trace_id,
@@ -388,28 +402,37 @@ class RankRoundTracer:
                 context.root_span_id,
                 "gate.round",
                 KIND_INTERNAL,
-                marks[0][1],
-                marks[-1][1],
-                attributes,  # type: ignore[arg-type]
+                start,
+                end,
+                attributes,
                 parent_remote=True,  # the controller exports the root
             )
         ]
+        ends = dict(marks)  # phase -> when it ended; a phase starts when the previous one ended
         # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
-        gather = bounds.get("gather") or bounds.get("observe")
-        plan = {
-            "gate.batch_size": row.batch_size,
-            "gate.num_extends": row.num_extends,
-            "gate.prefill_tokens": row.prefill_tokens,
-        }
-        gathered = {"gate.ranks": len(outcome.rows)} if "gather" in bounds else {"gate.lockstep": True}
+        gathered = "gather" in ends
         children = (
-            ("plan", bounds.get("plan"), plan),
-            ("all-gather", gather, gathered),
-            ("forward", bounds.get("forward"), {"gate.dispatch": outcome.mode.name}),
+            (
+                "plan",
+                ends.get("decide"),
+                ends.get("plan"),
+                {
+                    "gate.batch_size": row.batch_size,
+                    "gate.num_extends": row.num_extends,
+                    "gate.prefill_tokens": row.prefill_tokens,
+                },
+            ),
+            (
+                "all-gather",
+                ends.get("probe"),
+                ends.get("gather" if gathered else "observe"),
+                {"gate.ranks": len(outcome.rows)} if gathered else _LOCKSTEP,
+            ),
+            ("forward", ends.get("observe"), ends.get("forward"), {"gate.dispatch": outcome.mode.name}),
         )
-        for name, span_bounds, extra in children:
-            if span_bounds is not None:
-                spans.append(SpanData(trace_id, new_span_id(), own, name, KIND_INTERNAL, *span_bounds, extra))
+        for name, child_start, child_end, extra in children:
+            if child_start is not None and child_end is not None:
+                spans.append(SpanData(trace_id, new_span_id(), own, name, KIND_INTERNAL, child_start, child_end, extra))
         return spans
 
 
