@@ -3,16 +3,10 @@ never show a field the engine does not emit."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from engine.record import RoundRecord
 from engine.rows import Row
 from engine.scheduler.plan import K_PREFILL_WATERMARK
-from prefill_gate.v1 import tracing_pb2
 from prefill_gate.v1 import types_pb2 as pb
-
-if TYPE_CHECKING:
-    from control.telemetry.trace_status import TraceStatus
 
 
 def rank_row(row: Row) -> pb.RankRow:
@@ -78,30 +72,3 @@ def round_record(record: RoundRecord, run_id: str) -> pb.RoundRecord:
         ranks_blocking_all=sum(1 for row in rows if row.blocks_all),
     )
 
-
-def tracing_status(status: TraceStatus) -> tracing_pb2.TracingStatus:
-    """Tracing's sampling, drops and exporter health (RunStats.tracing)."""
-    process = status.process
-    return tracing_pb2.TracingStatus(
-        enabled=status.enabled,
-        endpoint=status.endpoint,
-        sample_rate=status.sample_rate,
-        window_sample_rate=status.window_sample_rate,
-        request_spans_per_second=status.request_spans_per_s,
-        rounds_seen=status.rounds_seen,
-        rounds_traced=status.rounds_traced,
-        rounds_traced_by_reason=status.rounds_traced_by_reason,
-        requests_traced=status.requests_traced,
-        requests_untraced=status.requests_untraced,
-        spans_dropped=status.spans_dropped,
-        spans_dropped_by_ranks=status.spans_dropped_by_ranks,
-        ranks_final=status.ranks_final,
-        exporter_state=status.exporter_state,
-        exporter_detail=status.exporter_detail,
-        exporter_queued=status.exporter_queued,
-        spans_offered=process.offered,
-        spans_exported=process.exported,
-        spans_refused=process.refused,
-        spans_failed=process.failed,
-        spans_unconfirmed=process.unconfirmed,
-    )

@@ -30,7 +30,7 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.convert import gate_config, tracing_status
+from control.plane.convert import gate_config
 from control.plane.hub import MAX_QUEUE, OutOfHistory, Subscriber
 from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
@@ -115,7 +115,7 @@ def run_stats(summary: Summary, records_dropped: int, tracing: TraceStatus | Non
         records_dropped=records_dropped,
         trace_spans_dropped=tracing.spans_dropped if tracing is not None else 0,
         elapsed_seconds=elapsed,
-        tracing=tracing_status(tracing) if tracing is not None else None,
+        tracing=tracing.as_proto() if tracing is not None else None,
     )
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from control.telemetry.telemetry_cli import TelemetryBackend, exporter_health, rank_spans_dropped
 from control.telemetry.trace_export import DropCounter
+from prefill_gate.v1 import tracing_pb2
 
 if TYPE_CHECKING:
     from control.host.controller import Controller
@@ -44,6 +45,33 @@ class TraceStatus:
     def traced_share(self) -> float | None:
         """Rounds traced over rounds seen."""
         return self.rounds_traced / self.rounds_seen if self.rounds_seen else None
+
+    def as_proto(self) -> tracing_pb2.TracingStatus:
+        """The contract's form (`RunStats.tracing`), what `ctl snapshot` and the console read."""
+        process = self.process
+        return tracing_pb2.TracingStatus(
+            enabled=self.enabled,
+            endpoint=self.endpoint,
+            sample_rate=self.sample_rate,
+            window_sample_rate=self.window_sample_rate,
+            request_spans_per_second=self.request_spans_per_s,
+            rounds_seen=self.rounds_seen,
+            rounds_traced=self.rounds_traced,
+            rounds_traced_by_reason=self.rounds_traced_by_reason,
+            requests_traced=self.requests_traced,
+            requests_untraced=self.requests_untraced,
+            spans_dropped=self.spans_dropped,
+            spans_dropped_by_ranks=self.spans_dropped_by_ranks,
+            ranks_final=self.ranks_final,
+            exporter_state=self.exporter_state,
+            exporter_detail=self.exporter_detail,
+            exporter_queued=self.exporter_queued,
+            spans_offered=process.offered,
+            spans_exported=process.exported,
+            spans_refused=process.refused,
+            spans_failed=process.failed,
+            spans_unconfirmed=process.unconfirmed,
+        )
 
 
 def trace_status(controller: Controller) -> TraceStatus:

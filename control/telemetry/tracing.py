@@ -379,35 +379,22 @@ class RankRoundTracer:
         }
         if outcome.adopted_epoch:
             attributes["gate.adopted_epoch"] = outcome.adopted_epoch
-        start, end = marks[0][1], marks[-1][1]
         if len(marks) == 2:
             attributes["gate.phases_timed"] = False  # picked after it ran (config, watermark): no phase marks
-            return [
-                SpanData(
-                    trace_id,
-                    own,
-                    context.root_span_id,
-                    "gate.round",
-                    KIND_INTERNAL,
-                    start,
-                    end,
-                    attributes,
-                    parent_remote=True,
-                )
-            ]
-        spans = [
-            SpanData(
-                trace_id,
-                own,
-                context.root_span_id,
-                "gate.round",
-                KIND_INTERNAL,
-                start,
-                end,
-                attributes,
-                parent_remote=True,  # the controller exports the root
-            )
-        ]
+        own_span = SpanData(
+            trace_id,
+            own,
+            context.root_span_id,
+            "gate.round",
+            KIND_INTERNAL,
+            marks[0][1],
+            marks[-1][1],
+            attributes,
+            parent_remote=True,  # the controller exports the root
+        )
+        if len(marks) == 2:
+            return [own_span]
+        spans = [own_span]
         ends = dict(marks)  # phase -> when it ended; a phase starts when the previous one ended
         # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
         gathered = "gather" in ends
