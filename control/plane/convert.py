@@ -71,4 +71,3 @@ def round_record(record: RoundRecord, run_id: str) -> pb.RoundRecord:
         ranks_wanting=sum(1 for row in rows if row.want_prefill),
         ranks_blocking_all=sum(1 for row in rows if row.blocks_all),
     )
-
