@@ -103,13 +103,15 @@ _pairs: dict[tuple[str, object, type], bytes] = {}
 _PAIR_MEMORY = 65536  # distinct (key, value) pairs kept encoded; floats and ids rarely repeat, so a bound
 
 
-def _span_attribute(key: str, value: AttrValue) -> bytes:
-    """One span attribute (Span.attributes = 9), encoded once per distinct (key, value)."""
+def _pair(key: str, value: AttrValue) -> bytes:
+    """A KeyValue with its length prefix, encoded once per distinct (key, value): the caller adds the tag
+    of the repeated field it goes in (span, event or link attributes)."""
     # The type is part of the key: True == 1 == 1.0 hash alike but encode differently.
     cache_key = (key, tuple(value) if isinstance(value, list) else value, type(value))
     encoded = _pairs.get(cache_key)
     if encoded is None:
-        encoded = _delimited(b"\x4a", key_value(key, value))
+        body = key_value(key, value)
+        encoded = varint(len(body)) + body
         if len(_pairs) >= _PAIR_MEMORY:
             _pairs.clear()
         _pairs[cache_key] = encoded
@@ -117,7 +119,7 @@ def _span_attribute(key: str, value: AttrValue) -> bytes:
 
 
 def _attributes(tag: bytes, attributes: Attributes) -> bytes:
-    return b"".join(_delimited(tag, key_value(key, value)) for key, value in attributes.items())
+    return b"".join([tag + _pair(key, value) for key, value in attributes.items()])
 
 
 _names: dict[tuple[str, int], bytes] = {}
@@ -145,7 +147,7 @@ def encode_span(span: SpanData) -> bytes:
     parts.append(_name_and_kind(span.name, span.kind))
     parts.append(b"\x39" + _fixed64(span.start_ns))
     parts.append(b"\x41" + _fixed64(max(span.start_ns, span.end_ns)))
-    parts += [_span_attribute(key, value) for key, value in span.attributes.items()]
+    parts += [b"\x4a" + _pair(key, value) for key, value in span.attributes.items()]
     for name, time_ns, attributes in span.events:  # Span.events = 11: Event{time 1, name 2, attributes 3}
         event = b"\x09" + _fixed64(time_ns) + _string(b"\x12", name) + _attributes(b"\x1a", attributes)
         parts.append(_delimited(b"\x5a", event))
