@@ -1,7 +1,7 @@
 """Seeded simulator runs in the wire form the console reads: for tests, the benchmark and the docs.
 
 The records come from the real lockstep simulator (the same engine code a server runs) converted by
-`control.plane.convert`, so the console is exercised on fields the engine actually emits. Only the wall-clock
+`prefill_gate.convert`, so the console is exercised on fields the engine actually emits. Only the wall-clock
 stamp is rewritten, from the virtual clock, so that two runs of the same seed are byte-identical.
 """
 
@@ -60,7 +60,7 @@ def sample_engine_records(dp_size: int, rounds: int, *, seed: int = 7) -> list[R
 
 def sample_records(dp_size: int, rounds: int, *, seed: int = 7, run_id: str = SAMPLE_RUN_ID) -> list[pb.RoundRecord]:
     """`rounds` records of a seeded simulated run of `dp_size` ranks; deterministic to the byte."""
-    from control.plane.convert import round_record  # the control plane's converter: one mapping, one contract
+    from prefill_gate.convert import round_record  # the control plane's converter: one mapping, one contract
 
     out = []
     for record in sample_engine_records(dp_size, rounds, seed=seed):

@@ -285,11 +285,11 @@ def test_every_field_the_console_shows_is_emitted_by_the_control_plane() -> None
 
     from console.sample import sample_args, sample_engine_records, sample_workload
     from console.state import RECORD_FIELDS_READ, ROW_FIELDS_READ, STATS_FIELDS_READ
-    from control.plane.convert import rank_row, round_record
     from control.plane.services import run_stats
     from engine.gate import GatePoint
     from engine.rows import Row
     from lab.simrun import run_sim
+    from prefill_gate.convert import rank_row, round_record
 
     def engine_row(rank: int, want: bool, used: int) -> Row:
         values = {}

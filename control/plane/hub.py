@@ -13,8 +13,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from control.plane.convert import round_record
 from engine.record import RoundRecord
+from prefill_gate.convert import round_record
 from prefill_gate.v1 import types_pb2 as pb
 
 DEFAULT_QUEUE = 1024

@@ -30,11 +30,11 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.convert import gate_config
 from control.plane.hub import MAX_QUEUE, OutOfHistory, Subscriber
 from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
 from engine.request import Finished, FirstToken, Refused, RequestError, RequestEvent, Tokens
+from prefill_gate.convert import gate_config
 from prefill_gate.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -115,6 +115,10 @@ def run_stats(summary: Summary, records_dropped: int, tracing: TraceStatus | Non
         records_dropped=records_dropped,
         trace_spans_dropped=tracing.spans_dropped if tracing is not None else 0,
         elapsed_seconds=elapsed,
+        prompt_tokens=summary.prompt_tokens,
+        prefix_hit_requests=summary.prefix_hit_requests,
+        prefix_hit_tokens=summary.prefix_hit_tokens,
+        prefix_hit_share=summary.prefix_hit_share or 0.0,
         tracing=tracing.as_proto() if tracing is not None else None,
     )
 
