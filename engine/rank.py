@@ -69,9 +69,8 @@ class RoundObserver(Protocol):
         """Called at the end of `end_round`, after the commit."""
         ...
 
-    @property
-    def dropped(self) -> int:
-        """Items the observer had to drop so far (published in the row)."""
+    def fill_row(self, row: Row) -> None:
+        """Set the observer's fields of this rank's row (drop counts, span bounds) before the gather."""
         ...
 
 
@@ -220,7 +219,7 @@ class RankEngine:
     def _row(self, wants_prefill: bool, has_decode_work: bool) -> Row:
         plan, decision, counts = self._plan, self._decision, self._plan.counts
         proposal = self._proposals[0] if self._proposals and self.rank == 0 else None
-        return Row(
+        row = Row(
             rank=self.rank,
             round=self.round,
             num_tokens=plan.num_tokens,
@@ -243,12 +242,14 @@ class RankEngine:
             pending_prefill_tokens=counts.pending_prefill_tokens,
             retractions_total=counts.retractions_total,
             forward_us=self._forward_us,
-            spans_dropped=self.observer.dropped if self.observer is not None else 0,
             proposal_epoch=proposal.epoch if proposal else 0,
             proposal_attempt_interval=_interval(proposal, "attempt_interval"),
             proposal_any_interval=_interval(proposal, "any_interval"),
             stop=self._stop_requested and self.rank == 0,
         )
+        if self.observer is not None:
+            self.observer.fill_row(row)
+        return row
 
     def _check_agreement(self, rows: Sequence[Row]) -> None:
         """Every rank must be on the same round and config; a group policy must have voted alike."""

@@ -49,6 +49,10 @@ class Row:
     retractions_total: int = 0
     forward_us: int = 0
     spans_dropped: int = 0  # trace spans this rank's exporter dropped so far
+    # Tracing only (0 otherwise): when this rank began this round, and ended the previous one (Unix ns),
+    # so that a round's root span covers every rank's span of it.
+    span_start_ns: int = 0
+    previous_span_end_ns: int = 0
     # Rank 0's proposals, adopted by every rank after this gather (G1) and the agreed stop.
     proposal_epoch: int = 0
     proposal_attempt_interval: int = UNSET

@@ -156,6 +156,11 @@ class SimBackend:
     def now(self) -> float:
         return self.driver.now()
 
+    @property
+    def observer_dropped(self) -> dict[int, int]:
+        """Each rank's round observer's count of dropped items (in this process, so always current)."""
+        return {e.rank: getattr(e.observer, "dropped", 0) for e in self.driver.engines if e.observer is not None}
+
     def records_dropped(self) -> int:
         with self._records_lock:
             return self._records_dropped
@@ -280,6 +285,8 @@ class ProcessBackend:
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
         self._pending = Polled()
+        # Each exited rank's final count of what its round observer dropped (its last row precedes its flush).
+        self.observer_dropped: dict[int, int] = {}
         self.origin = 0.0
 
     def start(self) -> None:
@@ -330,6 +337,7 @@ class ProcessBackend:
                 raise RankFailure(message.rank, message.error, message.detail)
             elif isinstance(message, RankExited):
                 self._exited.add(message.rank)
+                self.observer_dropped[message.rank] = message.observer_dropped
         self.driver.raise_if_failed()
         self._feed(polled)
         polled.stopped = len(self._exited) == self.dp_size

@@ -23,6 +23,7 @@ from control.host.controller import Controller
 from control.host.nodes import NodePlan, cluster_driver, node_plan
 from control.host.sim_child import SimProcessBackend
 from control.telemetry.telemetry_cli import rank_observer_spec
+from control.telemetry.trace_status import TraceStatus, summary_lines, trace_status
 from engine.config import ServerArgs
 from engine.drivers.procs import RankFailure
 from engine.metrics import Summary
@@ -248,8 +249,8 @@ def build_backend(
     )
 
 
-def format_summary(summary: Summary, simulated: bool) -> str:
-    """The closing summary, a few lines."""
+def format_summary(summary: Summary, simulated: bool, tracing: TraceStatus | None = None) -> str:
+    """The closing summary, a few lines (and tracing's, when it was on)."""
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:.1f} ms" if value is not None else "-"
@@ -275,6 +276,7 @@ def format_summary(summary: Summary, simulated: bool) -> str:
             f"  prefix hits {summary.prefix_hit_requests}/{summary.requests_submitted} requests  "
             f"{summary.prefix_hit_tokens:,} of {summary.prompt_tokens:,} prompt tokens "
             f"({share(summary.prefix_hit_share)}) served from cache",
+            *(summary_lines(tracing) if tracing is not None else []),
         ]
     )
 
@@ -325,7 +327,8 @@ async def run_serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-    print("\n" + format_summary(controller.summary(), controller.args.executor == "sim"), file=out, flush=True)
+    summary = format_summary(controller.summary(), controller.args.executor == "sim", trace_status(controller))
+    print("\n" + summary, file=out, flush=True)
     return 0
 
 

@@ -19,7 +19,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 import grpc
 from google.protobuf import json_format
@@ -297,8 +297,24 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
         f"windows ANY {s.windows_any} ALL {s.windows_all}",
         file=out,
     )
+    if s.HasField("tracing"):
+        print(format_tracing(s.tracing), file=out)
     if snapshot.HasField("latest"):
         print(format_round(snapshot.latest, rows=True), file=out)
+
+
+def format_tracing(t: Any) -> str:
+    """One line on tracing: what was sampled, what was lost, how the exporter is (a TracingStatus)."""
+    if not t.enabled:
+        return "tracing: off"
+    share = f"{t.rounds_traced / t.rounds_seen:.1%}" if t.rounds_seen else "-"
+    line = (
+        f"tracing: {t.endpoint}  rounds traced {t.rounds_traced}/{t.rounds_seen} ({share})  requests untraced "
+        f"{t.requests_untraced}  spans dropped {t.spans_dropped}{'' if t.ranks_final else ' so far'} "
+        f"(queue full {t.spans_refused}, failed {t.spans_failed}, unconfirmed {t.spans_unconfirmed} here)  "
+        f"exporter {t.exporter_state}"
+    )
+    return line + (f": {t.exporter_detail}" if t.exporter_detail else "")
 
 
 COMMANDS: dict[str, Callable[[grpc.Channel, argparse.Namespace, tuple, TextIO], None]] = {

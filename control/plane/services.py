@@ -32,7 +32,7 @@ from control.host.controller import (
     StaleEpoch,
 )
 from control.plane.hub import MAX_QUEUE, OutOfHistory, StreamFailed, Subscriber
-from control.telemetry.telemetry_cli import trace_spans_dropped
+from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
 from engine.request import Finished, FinishReason, FirstToken, Refused, RequestError, RequestEvent, Tokens
 from prefill_gate.convert import gate_config
@@ -90,8 +90,8 @@ def config_message(view: ConfigView) -> pb.GateConfig:
     )
 
 
-def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) -> pb.RunStats:
-    """RunStats from the controller's summary; figures without a sample yet are 0."""
+def run_stats(summary: Summary, records_dropped: int, tracing: TraceStatus | None = None) -> pb.RunStats:
+    """RunStats from the controller's summary and tracing's status; figures without a sample yet are 0."""
     elapsed = summary.elapsed_s
     return pb.RunStats(
         rounds=summary.rounds,
@@ -115,12 +115,13 @@ def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) ->
         output_tokens=summary.output_tokens,
         retractions=summary.retractions,
         records_dropped=records_dropped,
-        trace_spans_dropped=spans_dropped,
+        trace_spans_dropped=tracing.spans_dropped if tracing is not None else 0,
         elapsed_seconds=elapsed,
         prompt_tokens=summary.prompt_tokens,
         prefix_hit_requests=summary.prefix_hit_requests,
         prefix_hit_tokens=summary.prefix_hit_tokens,
         prefix_hit_share=summary.prefix_hit_share or 0.0,
+        tracing=tracing.as_proto() if tracing is not None else None,
     )
 
 
@@ -195,7 +196,7 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
             last_round_age_seconds=controller.last_round_age_s(),
             latest=hub.latest(),
             config=config_message(controller.config),
-            stats=run_stats(controller.summary(), controller.records_dropped(), trace_spans_dropped(controller)),
+            stats=run_stats(controller.summary(), controller.records_dropped(), trace_status(controller)),
             history_first_round=hub.first_round or 0,
             history_last_round=hub.last_round or 0,
         )
