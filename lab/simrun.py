@@ -66,11 +66,13 @@ def run_sim(
     on_round: RoundHook | None = None,
     preset: CostPreset | None = None,
     skip_idle: bool = True,
+    on_start: Callable[[LockstepDriver], None] | None = None,
 ) -> tuple[Summary, SimExtra]:
     """Simulate `workload` on `args` (executor "sim") until done, `rounds` rounds or `duration` virtual seconds.
 
     `policy_factory(rank, args)` replaces the policy `args` configure (the lab's peers); `preset`
-    replaces `args.sim_preset` (a calibrated preset); `on_round(record, outcomes)` sees every round.
+    replaces `args.sim_preset` (a calibrated preset); `on_round(record, outcomes)` sees every round;
+    `on_start(driver)` gets the driver before the first round (a client that proposes config changes, G1).
     """
     if args.executor != "sim":
         raise ValueError(f"run_sim needs --executor sim, got {args.executor!r}")
@@ -80,6 +82,8 @@ def run_sim(
         raise ValueError("an endless workload (closed loop or open arrivals without a limit) needs rounds or duration")
     cost = preset if preset is not None else preset_named(args.sim_preset)
     driver = LockstepDriver(args, engine_factory=_factory(cost, policy_factory))
+    if on_start is not None:
+        on_start(driver)
     metrics = RunMetrics()
     size = args.dp_size
     requests = [0] * size
