@@ -44,7 +44,7 @@ class AutotuneRun:
     """What an autotuned run did besides its summary: every change and the records' config epochs."""
 
     changes: list[Change] = field(default_factory=list)
-    epochs_adopted: list[tuple[int, int]] = field(default_factory=list)  # (round, epoch) of adoption records
+    adoptions: list[tuple[int, float, int]] = field(default_factory=list)  # (round, engine clock, epoch) adopted
     final: tuple[int | None, int | None] = (None, None)
 
 
@@ -92,7 +92,7 @@ class _TunerHook:
         itl = tuple(sample for outcome in outcomes for sample in outcome.itl)
         message = round_record(replace(record, ttft=ttft, itl=itl), RUN_ID, self.origins.get)
         if record.adopted_epoch:
-            self.run.epochs_adopted.append((record.round, record.adopted_epoch))
+            self.run.adoptions.append((record.round, record.clock, record.adopted_epoch))
         proposal = self.tuner.observe(message)
         if proposal is not None:
             self._apply(proposal)

@@ -24,6 +24,7 @@ def est(**changes: object) -> Estimates:
         "extend_share": 0.05,
         "decode_round_s": 0.041,
         "extend_round_s": 0.12,
+        "window_rounds": 30.0,
         "prompt_tokens": 1024.0,
         "one_prompt_extend_s": 0.1,
         "ttft_p99_s": 1.0,
@@ -44,6 +45,14 @@ def test_ttft_over_budget_moves_k_down_through_the_measured_round_time():
     verdict = decide(est(ttft_p99_s=1.8), Intervals(8, 32), SLO)
     assert verdict.target == Intervals(8, 17)
     assert verdict.reason == "TTFT p99 1.80 s > 1.50 s budget at round time 41 ms -> K 32->17"
+
+
+def test_ttft_over_budget_with_windows_opened_well_before_k_halves_a_too():
+    verdict = decide(est(ttft_p99_s=1.8, window_rounds=9.0), Intervals(8, 32), SLO)
+    assert verdict.target == Intervals(4, 17)
+    assert verdict.reason.endswith("at round time 41 ms, a window every 9 rounds -> A 8->4, K 32->17")
+    held = decide(est(ttft_p99_s=1.8, window_rounds=3.0), Intervals(1, 32), SLO)
+    assert held.target is None and held.reason.endswith("at A=1: the excess is not the gate's wait")
 
 
 def test_a_step_is_bounded_and_c2_pulls_a_down_with_k():  # C2: K >= A >= 1

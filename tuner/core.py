@@ -10,8 +10,8 @@ What it guards, so that the law only ever sees steady estimates of the config in
 - a gap in the stream (a dropped record, a skipped round) restarts the window;
 - a new config in force restarts the window and starts a dwell of `dwell_rounds`;
 - a change made by anyone else (an operator) holds the tuner for `respect_manual_s` engine seconds;
-- estimates count only once the window holds `min_rounds` rounds, `min_ttft_samples` first tokens and
-  `min_itl_tokens` decode tokens;
+- estimates count only once the window holds `min_rounds` rounds (or spans the whole `window_s`),
+  `min_ttft_samples` first tokens and `min_itl_tokens` decode tokens;
 - at most `max_changes_per_min` of its own changes in any 60 engine seconds;
 - one proposal in flight at a time: nothing new until the records show it adopted, or the runner
   says it failed.
@@ -217,10 +217,11 @@ class Tuner:
             return None
         est = self.window.estimates()
         self.last_estimates = est
+        full = est.span_s >= 0.9 * s.window_s  # a full window counts whatever its rounds (slow rounds)
         short = [
             f"{have}/{need} {what}"
             for what, have, need in (
-                ("rounds", est.rounds, s.min_rounds),
+                ("rounds", est.rounds, 0 if full else s.min_rounds),
                 ("first tokens", est.ttft_samples, s.min_ttft_samples),
                 ("decode tokens", est.itl_tokens, s.min_itl_tokens),
             )

@@ -24,6 +24,7 @@ class RoundFacts:
     clock: float  # engine clock at the end of the round
     seconds: float  # round_seconds
     busy: bool  # some rank ran a forward
+    opened: bool  # the vote opened a window (any point)
     extend: bool  # the group was on the extend path (F1)
     prefill_tokens: int  # prompt tokens every rank extended
     max_prefill_tokens: int  # the busiest rank's: the round lasts as long as its slowest rank (F3)
@@ -42,6 +43,7 @@ def facts_of(record: pb.RoundRecord) -> RoundFacts:
         clock=record.clock_seconds,
         seconds=record.round_seconds,
         busy=any(row.batch_size for row in rows),
+        opened=record.open,
         extend=not record.all_decode_or_idle,
         prefill_tokens=sum(row.prefill_tokens for row in rows),
         max_prefill_tokens=max((row.prefill_tokens for row in rows), default=0),
@@ -59,6 +61,8 @@ class Estimates:
 
     - `decode_round_s`: median length of the window's busy all-decode rounds: what one round of K costs.
     - `extend_round_s`: median length of its extend rounds.
+    - `window_rounds`: busy rounds per window the vote opened (how often prefill actually got its chance;
+      well under K when the ALL point opens most windows).
     - `prompt_tokens`: prompt tokens extended per first token (the mean prompt, prefix hits excluded).
     - `one_prompt_extend_s`: how long an extend round takes when the busiest rank extends one such prompt,
       from a line fitted through the window's extend rounds (length against the busiest rank's tokens);
@@ -77,6 +81,7 @@ class Estimates:
     extend_share: float
     decode_round_s: float | None
     extend_round_s: float | None
+    window_rounds: float | None
     prompt_tokens: float | None
     one_prompt_extend_s: float | None
     ttft_p99_s: float | None
@@ -140,6 +145,7 @@ class Window:
             extend_share=len(extend) / len(busy) if busy else 0.0,
             decode_round_s=percentile(decode, 50),
             extend_round_s=percentile(extend, 50),
+            window_rounds=len(busy) / opened if (opened := sum(1 for f in busy if f.opened)) else None,
             prompt_tokens=prompt,
             one_prompt_extend_s=_one_prompt_round(extending, prompt),
             ttft_p99_s=percentile(ttft, 99),

@@ -7,7 +7,9 @@ the order they are tried (docs/autotune.md gives the reasons):
 1. gate off: switch it on (A=1, K from the TTFT budget) when ITL is over budget; otherwise keep it off.
 2. overload (waiting prompts grow through the window): batch more per window, A x2 (A=K: both x2,
    K never past the whole TTFT budget in rounds): extend rounds are what the group cannot afford.
-3. TTFT over budget: K down through the measured round time, `K + (target*S - p99) / round`.
+3. TTFT over budget: K down through the measured round time, `K + (target*S - p99) / round`; when the
+   ALL point opens most windows (a window every < K/2 rounds) A is halved too: its wait is the one paid
+   (and at A=1 nothing is left for the gate to give: hold).
 4. ITL over budget: when an extend round of one prompt would fit the budget, smaller windows (A, then
    K, halved) make every extend round short; when even one prompt's round is too long, fewer extend
    rounds (K and A up) is the only way, as far as the TTFT budget allows.
@@ -133,6 +135,13 @@ def decide(est: Estimates, now: Intervals, slo: Slo, law: LawSettings = LawSetti
             return Verdict(None, f"{ttft_text} > {_s(slo.ttft_p99_s)} budget at K=1: the load, not the gate, sets it")
         new_k = _step(k, max(1, math.floor(k_room)), law)
         why = f"{ttft_text} > {_s(slo.ttft_p99_s)} budget at {round_ms}"
+        window = est.window_rounds
+        if window is not None and window < k / 2:
+            # The ALL point opens most windows long before K: the wait that costs TTFT is A's.
+            why += f", a window every {window:.0f} rounds"
+            if a == 1:
+                return Verdict(None, f"{why} at A=1: the excess is not the gate's wait")
+            return _verdict(now, Intervals(min(_step(a, a // 2, law), new_k), new_k), why, law)
         return _verdict(now, Intervals(min(a, new_k), new_k), why, law)
 
     if itl > slo.itl_p99_s:

@@ -84,7 +84,7 @@ async def run_tuner(
                     proposal = tuner.observe(record)
                     for event in tuner.take_events():
                         say(f"round {record.round}  {event}")
-                        shown = ""
+                        shown = re.sub(r"\d+(\.\d+)?", "#", event)
                     if proposal is not None:
                         if dry_run:
                             tuner.dry_run_done(proposal)
@@ -124,7 +124,9 @@ async def _fresh(
     try:
         while True:
             try:
-                record = await asyncio.wait_for(anext(iterator), stale_after_s)
+                # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that lands as the record does.
+                async with asyncio.timeout(stale_after_s):
+                    record = await anext(iterator)
             except StopAsyncIteration:
                 return
             except TimeoutError:
