@@ -62,6 +62,10 @@ class Summary:
       an open vote in an all-idle round opens nothing and is not counted.
     - gate_wait_*: how long admitted prompts waited while schedulable (Admitted.wait_rounds/wait_seconds).
     - output_tokens: first tokens plus decode tokens (the ITL samples' counts) produced in the run.
+    - prompt_tokens: prompt tokens of the submitted requests; prefix_hit_requests / prefix_hit_tokens:
+      those submitted with a cached prefix (`RequestSpec.prefix_hit`: a storage hit or a trace's prefix
+      blocks met in a rank's cache) and its tokens, which need no prefill; prefix_hit_share =
+      prefix_hit_tokens / prompt_tokens.
     """
 
     rounds: int
@@ -88,6 +92,10 @@ class Summary:
     gate_wait_p99_rounds: float | None
     gate_wait_max_s: float
     gate_wait_p99_s: float | None
+    prompt_tokens: int = 0
+    prefix_hit_requests: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_hit_share: float | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Field name to value, in declaration order."""
@@ -125,6 +133,9 @@ class RunMetrics:
         self.refused = 0
         self.retractions = 0
         self.first_tokens = 0
+        self.prompt_tokens = 0
+        self.prefix_hit_requests = 0
+        self.prefix_hit_tokens = 0
         self._arrival: dict[str, float] = {}
         self._ttft = array("d")
         self._itl = array("d")
@@ -139,6 +150,10 @@ class RunMetrics:
         self._version += 1
         self.submitted += 1
         self._arrival[spec.rid] = spec.arrival
+        self.prompt_tokens += spec.prompt_len
+        if spec.prefix_hit:
+            self.prefix_hit_requests += 1
+            self.prefix_hit_tokens += spec.prefix_hit
 
     def add_arrivals(self, arrivals: Mapping[str, float]) -> None:
         """Arrival times by request id, for inputs that are not RequestSpecs."""
@@ -256,6 +271,10 @@ class RunMetrics:
             gate_wait_p99_rounds=percentile(waits, 99),
             gate_wait_max_s=max(wait_s, default=0.0),
             gate_wait_p99_s=percentile(wait_s, 99),
+            prompt_tokens=self.prompt_tokens,
+            prefix_hit_requests=self.prefix_hit_requests,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+            prefix_hit_share=self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None,
         )
 
 

@@ -32,8 +32,8 @@ _METADATA = {"Software": None}
 SERIES_POINTS = 600
 
 
-# One look per policy, the same in every chart; the gate stands out.
-_STYLE: dict[str, tuple[str, str]] = {
+# One look per policy, the same in every chart (the capacity charts too); the gate stands out.
+STYLE: dict[str, tuple[str, str]] = {
     "ungated": ("tab:gray", "o"),
     "gate": ("tab:red", "*"),
     "local-interval": ("tab:brown", "v"),
@@ -54,7 +54,7 @@ def throughput_chart(name: str, cells: Sequence[Cell], preset_name: str, path: P
         s = cell.summary
         if s.output_tokens_per_s is None or s.ttft_p99_s is None:
             continue
-        color, marker = _STYLE.get(cell.spec.policy, ("black", "x"))
+        color, marker = STYLE.get(cell.spec.policy, ("black", "x"))
         gate = cell.spec.policy == GATE
         ax.scatter(
             s.ttft_p99_s,
@@ -88,7 +88,7 @@ def throughput_chart(name: str, cells: Sequence[Cell], preset_name: str, path: P
     ax.legend(fontsize=7, loc="lower right", ncol=2)
     fig.text(0.01, 0.01, caption, fontsize=7, color="grey")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def spread_chart(name: str, cells: Sequence[Cell], preset_name: str, path: Path) -> Path:
@@ -108,7 +108,7 @@ def spread_chart(name: str, cells: Sequence[Cell], preset_name: str, path: Path)
         series = thin_series(cell.phase.series, SERIES_POINTS) if cell.phase.series else ()
         if series:
             times, spreads = zip(*series, strict=True)
-            ax.step(times, spreads, where="post", color=_STYLE.get(cell.spec.policy, ("black", ""))[0])
+            ax.step(times, spreads, where="post", color=STYLE.get(cell.spec.policy, ("black", ""))[0])
         ax.set_title(f"{cell.spec.policy} (max {cell.phase.max_spread_chunks:.1f})", fontsize=7)
         ax.set_ylim(-0.1, max(1.0, top * 1.15))
         ax.tick_params(labelsize=6)
@@ -117,10 +117,11 @@ def spread_chart(name: str, cells: Sequence[Cell], preset_name: str, path: Path)
     fig.supylabel("spread (chunks)", fontsize=7)
     fig.suptitle(f"{name}: per-rank prefill progress spread, SIMULATED on {preset_name}", fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save(fig: plt.Figure, path: Path) -> Path:
+    """Write `fig` as a PNG with fixed metadata (same figure, same bytes) and close it; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata=_METADATA)
     plt.close(fig)

@@ -1,12 +1,14 @@
-"""`prefill-gate lab`: run the policy lab, print one table per scenario, write the report and its charts.
+"""`prefill-gate lab`: the policy lab at each scenario's nominal load (one table per scenario), and its
+`capacity` subcommand (`lab.capacity.cli`), which writes the lab's main report.
 
+    prefill-gate lab capacity [...]                 # goodput capacity: bench/results/lab.md
     prefill-gate lab [--scenarios ...] [--policies ...] [--preset P] [--sweep --ttft-p99-max S]
                      [--out bench/results] [--scale X] [--jobs N]
 
-Writes `<out>/lab.md` and PNG charts under `<out>/lab/`. With `--sweep` it runs the gate alone over a grid
-of intervals instead and writes `<out>/lab/sweep.md` (the policy table is left as it is). Bad input (an
-unknown scenario, policy or preset, a sweep without its bound) ends with a one-line error and exit status 2,
-never a traceback.
+The fixed-load view writes `<out>/lab/fixed-load.md` and PNG charts under `<out>/lab/`: every policy at one
+setting on the same requests, with the oracle bound. With `--sweep` it runs the gate alone over a grid of
+intervals instead and writes `<out>/lab/sweep.md`. Bad input (an unknown scenario, policy or preset, a sweep
+without its bound) ends with a one-line error and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from engine.executor.presets import DEFAULT_PRESET, CostPreset
 from engine.policies.registry import DEFAULT_LOCAL_INTERVAL, POLICIES
-from lab import charts
+from lab.capacity.cli import add_capacity_arguments, capacity_main
 from lab.report import render_report
 from lab.runner import (
     DEFAULT_ANY_INTERVAL,
@@ -40,7 +42,7 @@ from lab.sweep import DEFAULT_ANY_GRID, DEFAULT_ATTEMPT_GRID, grid, render_sweep
 
 PROG = "prefill-gate lab"
 CHART_DIR = "lab"
-REPORT_NAME = "lab.md"
+REPORT_NAME = "fixed-load.md"
 SWEEP_NAME = "sweep.md"
 
 
@@ -108,12 +110,27 @@ def add_lab_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     """Register `lab` on the top-level CLI's subparsers; returns its parser."""
     parser = subparsers.add_parser(
         "lab",
-        help="run every prefill policy on the lab's scenarios (simulated) and write bench/results/lab.md",
-        description="The policy lab: the gate and its public peers on the same simulated requests, one table per "
-        "scenario, with the oracle bound, charts, and optionally a sweep of the gate's intervals.",
+        help="the policy lab (simulated): `lab capacity` writes bench/results/lab.md; plain `lab` the fixed-load view",
+        description="The policy lab: `lab capacity` finds every policy's goodput capacity per workload, each at its "
+        "best knobs (bench/results/lab.md); plain `lab` runs the gate and its public peers at each scenario's nominal "
+        "load on the same simulated requests, one table per scenario, with the oracle bound, charts, and optionally "
+        "a sweep of the gate's intervals (bench/results/lab/fixed-load.md).",
     )
     add_lab_arguments(parser)
+    add_capacity_subparser(parser)
     return parser
+
+
+def add_capacity_subparser(parser: argparse.ArgumentParser) -> None:
+    """`capacity` under the lab's parser (optional: plain `lab` keeps the fixed-load view)."""
+    sub = parser.add_subparsers(dest="lab_command", metavar="{capacity}")
+    capacity = sub.add_parser(
+        "capacity",
+        help="goodput capacity per workload and policy, every policy at its best (writes bench/results/lab.md)",
+        description="Goodput capacity: per workload and policy the highest load at which the TTFT and ITL p99 "
+        "bounds hold and nothing backlogs, found by bisection, with every policy's knobs swept to its best.",
+    )
+    add_capacity_arguments(capacity)
 
 
 def _names(values: Sequence[str]) -> tuple[str, ...]:
@@ -199,16 +216,18 @@ def settings_of(config: LabConfig) -> str:
 
 
 def _write_charts(groups: dict[str, list[Cell]], preset: CostPreset, out: Path) -> dict[str, str]:
-    """Charts per scenario; keys `scenario:kind`, values paths relative to `out` (where lab.md lives)."""
+    """Charts per scenario; keys `scenario:kind`, values paths relative to `out/lab` (where the report lives)."""
+    from lab import charts  # matplotlib: imported only when a chart is drawn
+
     written: dict[str, str] = {}
     for name, cells in groups.items():
         target = out / CHART_DIR / f"{name}.png"
         charts.throughput_chart(name, cells, preset.name, target)
-        written[f"{name}:throughput"] = f"{CHART_DIR}/{target.name}"
+        written[f"{name}:throughput"] = target.name
         if name in PHASE_SCENARIOS:
             target = out / CHART_DIR / f"{name}-spread.png"
             charts.spread_chart(name, cells, preset.name, target)
-            written[f"{name}:spread"] = f"{CHART_DIR}/{target.name}"
+            written[f"{name}:spread"] = target.name
     return written
 
 
@@ -229,7 +248,9 @@ def _run_note(ns: argparse.Namespace, cells: int, wall: float, load: float) -> s
 
 
 def lab_main(ns: argparse.Namespace) -> int:
-    """Run the lab (or the sweep) the options describe; 0 on success, 2 on bad input (one line on stderr)."""
+    """Run the lab (or the sweep, or the capacity lab) the options describe; 0 on success, 2 on bad input."""
+    if getattr(ns, "lab_command", None) == "capacity":
+        return capacity_main(ns)
     try:
         config, preset = config_of(ns)
     except ValueError as exc:
@@ -247,7 +268,7 @@ def lab_main(ns: argparse.Namespace) -> int:
         groups = group_by_scenario(run_cells(config.specs(), ns.jobs), config.scenarios)
         chart_paths = {} if ns.no_charts else _write_charts(groups, preset, out)
         report = render_report(groups, preset, command_of(ns), settings_of(config), chart_paths)
-        target = out / REPORT_NAME
+        target = out / CHART_DIR / REPORT_NAME
     wall = time.perf_counter() - started
     print(report)
     run_note = _run_note(ns, sum(len(cells) for cells in groups.values()), wall, load)
@@ -261,4 +282,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m lab`: the same options as `prefill-gate lab`."""
     parser = argparse.ArgumentParser(prog=PROG, description="The policy lab (see prefill-gate lab --help).")
     add_lab_arguments(parser)
+    add_capacity_subparser(parser)
     return lab_main(parser.parse_args(argv))

@@ -319,7 +319,7 @@ def render_report(
     """The whole lab report: header, then one section per scenario. Deterministic."""
     charts = charts or {}
     header = [
-        f"# Policy lab: every prefill policy on the same requests (SIMULATED, preset {preset.name})",
+        f"# Policy lab, fixed-load view: every prefill policy on the same requests (SIMULATED, preset {preset.name})",
         "",
         f"Command: `{command}` (`.venv/bin/python -m lab` takes the same options).",
         "",
@@ -328,8 +328,12 @@ def render_report(
         "Every figure below is SIMULATED: the lockstep simulator on the virtual clock with this cost preset, "
         "not a measurement of the hardware it names.",
         "",
+        "Each scenario shape runs at its nominal load, every policy at one setting: a secondary view. The lab's "
+        "main report is `../lab.md` (`prefill-gate lab capacity`): every policy's goodput capacity, each at its "
+        "best knobs.",
+        "",
         f"Policies: {settings}. The gate's intervals are searched per scenario by "
-        "`prefill-gate lab --sweep --ttft-p99-max S`, which writes `lab/sweep.md`.",
+        "`prefill-gate lab --sweep --ttft-p99-max S`, which writes `sweep.md` beside this file.",
         "",
         "Columns (PEERS.md): output tokens/s; TTFT and ITL percentiles; share of busy rounds on the extend path; "
         "mean ranks extending per extend round; extend rounds over the oracle bound (the run's extend rounds in "

@@ -1,15 +1,21 @@
-"""The lab's named scenarios (PEERS.md, "Scenarios"): seeded workloads plus the server arguments they need.
+"""The lab's named scenarios (PEERS.md, "Scenarios"): seeded workload SHAPES plus the server arguments they need.
 
-Every scenario runs an 8-rank attention-DP group on the simulator. `scenario(name, seed, scale)` gives
-a `Scenario`; its `server_args()` and `workload()` build fresh objects for one run. A lab run lasts
-`duration_s` virtual seconds, so every policy is offered the same requests; `rounds` is a safety cap
-well above what any sane policy needs for that time. `scale` stretches both without changing the load,
-so a test can run a scenario at scale 0.05 and see the same regime, only shorter.
+Every scenario runs an 8-rank attention-DP group on the simulator. A scenario is a shape (lengths, routing,
+burstiness) whose load is a parameter: the arrival rate in requests per second for the open-loop shapes, the
+number of clients for a closed loop. The capacity lab (`lab.capacity`) bisects that load; the fixed-load
+lab runs each shape at its nominal `load`.
 
-Default lengths are sized so the whole lab (every scenario x 8 policies) fits in a few minutes on a
-2-core machine (each run takes 0.5-4 s at about 5-7k rounds/s); the rates are chosen on the default
-preset (h200-dp8-ep8) to sit in the regime each scenario is about, which the docstring of each builder
-names. Page size 64 is FlashMLA's and keeps decode growth events (one per page) cheap to simulate.
+`scenario(name, seed, scale)` gives a `Scenario`; its `server_args()` and `workload(load, until)` build fresh
+objects for one run. A fixed-load run lasts `duration_s` virtual seconds, so every policy is offered the same
+requests (`rounds` is a safety cap); a capacity run issues arrivals for `warmup_s + window_s` seconds and
+measures only the window (requests arriving after the warm-up, rounds after it). `scale` stretches every
+duration without changing the load, so a test can run a scenario at scale 0.05 and see the same regime.
+
+The same seed gives the same requests at every load: arrivals come from one exponential stream scaled by the
+rate, lengths and routing from their own streams, so a run at a higher rate is the same requests sooner (the
+capacity search compares like with like). Warm-ups are about the time a request's decode takes at the
+nominal load (the decode population is then in steady state); windows hold a few thousand requests near the
+capacity of the default preset. Page size 64 is FlashMLA's and keeps decode growth events cheap to simulate.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from engine.config import ServerArgs
 from workloads import (
     ClosedLoop,
     Fixed,
+    LengthDist,
     LogNormal,
     Normal,
     OnOff,
     OutputRatio,
     Poisson,
     RoundRobin,
+    Router,
     Skewed,
     Workload,
 )
@@ -48,6 +56,14 @@ BASE_ARGS: Mapping[str, Any] = MappingProxyType(
     }
 )
 
+RATE = "req/s"
+CLIENTS = "clients"
+
+ROUND_ROBIN = RoundRobin()
+
+# (seed, load, until) -> a fresh workload whose arrivals stop at `until` (None: never).
+Builder = Callable[[int, float, float | None], Workload]
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -59,18 +75,32 @@ class Scenario:
     source: str
     seed: int
     scale: float
+    load: float
+    load_unit: str
     duration_s: float
     rounds: int
+    warmup_s: float
+    window_s: float
+    mean_output: float
     overrides: Mapping[str, Any]
-    build: Callable[[int], Workload] = field(repr=False)
+    build: Builder = field(repr=False)
+
+    @property
+    def open_loop(self) -> bool:
+        """Whether the load is an arrival rate (else a number of closed-loop clients)."""
+        return self.load_unit == RATE
 
     def server_args(self, **changes: Any) -> ServerArgs:
         """Fresh ServerArgs for this scenario; `changes` (e.g. gate intervals, a preset) win over it."""
         return ServerArgs(**{**BASE_ARGS, **self.overrides, "seed": self.seed, **changes})
 
-    def workload(self) -> Workload:
-        """A fresh workload of this scenario's seed (same seed, same requests)."""
-        return self.build(self.seed)
+    def workload(self, load: float | None = None, until: float | None = None) -> Workload:
+        """A fresh workload of this scenario's seed at `load` (default: the nominal load); arrivals stop at
+        `until` (same seed, same requests)."""
+        value = self.load if load is None else load
+        if not value > 0:
+            raise ValueError(f"scenario {self.name}: load must be > 0, got {value}")
+        return self.build(self.seed, value, until)
 
 
 @dataclass(frozen=True)
@@ -78,97 +108,61 @@ class _Def:
     what: str
     tests: str
     source: str
+    load: float
     duration_s: float
+    warmup_s: float
+    window_s: float
+    mean_output: float
     overrides: Mapping[str, Any]
-    build: Callable[[int], Workload]
+    build: Builder
+    load_unit: str = RATE
 
 
-def _scattered(seed: int) -> Workload:
-    """Poisson 16 req/s over 8 ranks, ISL 1k, OSL 256: ~2 req/s/rank keeps a steady decode background
-    (tens of requests per rank) while prompts arrive alone, a few per second per rank."""
-    return Workload(Poisson(16.0), dp_size=DP_SIZE, prompt=Fixed(1024), output=Fixed(256), seed=seed)
+def _poisson(prompt: LengthDist, output: LengthDist, router: Router = ROUND_ROBIN, **kwargs: Any) -> Builder:
+    """An open-loop Poisson shape: `load` is the arrival rate."""
+
+    def build(seed: int, load: float, until: float | None) -> Workload:
+        return Workload(
+            Poisson(load),
+            dp_size=DP_SIZE,
+            prompt=prompt,
+            output=output,
+            router=router,
+            seed=seed,
+            until=until,
+            **kwargs,
+        )
+
+    return build
 
 
-def _bursty(seed: int) -> Workload:
-    """Bursts of ~200 requests within 0.1 s every ~6 s (Poisson at 2000/s while on), ISL 1k, OSL 256:
-    ~25 prompts per rank, three to four rounds of the 8192-token budget, land while the previous
-    burst still decodes."""
-    return Workload(OnOff(rate=2000.0, on_s=0.1, off_s=6.0), dp_size=DP_SIZE, output=Fixed(256), seed=seed)
+# Bursts: every BURST_PERIOD_S seconds a burst lasting BURST_ON_S, sized so the mean rate is the load.
+BURST_PERIOD_S = 3.0
+BURST_ON_S = 0.1
 
 
-def _osl_variance(seed: int) -> Workload:
-    """Closed loop of 256 clients, ISL 1000, OSL uniform in [800, 1000]: finishes drift apart, so
-    replacement prompts arrive one rank at a time."""
-    return Workload(
-        ClosedLoop(256),
-        dp_size=DP_SIZE,
-        prompt=Fixed(1000),
-        output=OutputRatio(1000, 0.8),
-        sticky_sessions=False,
-        seed=seed,
-    )
-
-
-def _skewed(seed: int) -> Workload:
-    """Poisson 12 req/s; rank 0 gets 4x the traffic of each other rank (4/11 of it)."""
-    return Workload(Poisson(12.0), dp_size=DP_SIZE, router=Skewed(weight=4.0, rank=0), seed=seed)
-
-
-def _kv_pressure(seed: int) -> Workload:
-    """Poisson 2.4 req/s with long, spread outputs on small pools (1024 pages of 64 tokens per rank):
-    rank 0 gets 1.5x its peers' traffic and spends about half the run above the 0.9 watermark, its peers
-    average 0.5-0.65 with occasional excursions above it."""
-    return Workload(
-        Poisson(2.4),
-        dp_size=DP_SIZE,
-        prompt=LogNormal(1024, 0.5, low=128, high=4096),
-        output=LogNormal(1500, 0.6, low=256, high=6000),
-        router=Skewed(weight=1.5, rank=0),
-        seed=seed,
-    )
+def _bursty(seed: int, load: float, until: float | None) -> Workload:
+    """On/off bursts whose mean rate is `load`: a burst of ~3*load requests (Poisson at load*30/s while on)
+    every 3 s, ISL 1k, OSL 256; a burst lands while the previous one still decodes."""
+    on_rate = load * BURST_PERIOD_S / BURST_ON_S
+    arrivals = OnOff(rate=on_rate, on_s=BURST_ON_S, off_s=BURST_PERIOD_S - BURST_ON_S)
+    return Workload(arrivals, dp_size=DP_SIZE, output=Fixed(256), seed=seed, until=until)
 
 
 LONG_ISL = 60_000
 LONG_BUDGET = 8192
 
 
-def _long_chunked(seed: int) -> Workload:
-    """Closed loop of 16 clients (2 per rank, sticky), ISL 60k, OSL 1: every prompt is 8 chunks of 8192."""
-    return Workload(ClosedLoop(16), dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(1), seed=seed)
-
-
-def _long_chunked_offset(seed: int) -> Workload:
-    """As long-chunked, but rank 1's first prompts are one chunk shorter, so rank 1 runs a chunk out of
-    phase with its peers from the start (sglang#35241's divergence by whole chunks)."""
+def _long_chunked_offset(seed: int, load: float, until: float | None) -> Workload:
+    """Closed loop of `load` clients (two per rank at the nominal 16, sticky), ISL 60k, OSL 1; rank 1's first
+    prompts are one chunk shorter, so rank 1 runs a chunk out of phase with its peers from the start
+    (sglang#35241's divergence by whole chunks)."""
+    clients = max(1, round(load))
     shorter = LONG_ISL - LONG_BUDGET
-    # Clients s and s + 8 land on rank s (round-robin, sticky).
-    loop = ClosedLoop(16, first_prompt_lens={1: shorter, 1 + DP_SIZE: shorter})
-    return Workload(loop, dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(1), seed=seed)
-
-
-def _long_chunked_decode(seed: int) -> Workload:
-    """long-chunked-offset with OSL 256: finished prompts decode beside the next chunks, so a rank with
-    decode work is where a policy can hold chunks and let ranks drift out of phase."""
-    shorter = LONG_ISL - LONG_BUDGET
-    loop = ClosedLoop(16, first_prompt_lens={1: shorter, 1 + DP_SIZE: shorter})
-    return Workload(loop, dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(256), seed=seed)
-
-
-def _long_osl(seed: int) -> Workload:
-    """Closed loop of 768 clients (96 per rank, slots left free), ISL ~800, OSL ~3600, first requests
-    ramped over 60 s so finishes, and so prompts, spread out."""
-    return Workload(
-        ClosedLoop(768, ramp_s=60.0),
-        dp_size=DP_SIZE,
-        prompt=Normal(800, 100, low=256, high=2048),
-        output=Normal(3600, 400, low=1024, high=8192),
-        seed=seed,
-    )
-
-
-def _low_load(seed: int) -> Workload:
-    """Poisson 1 req/s, ISL 1k, OSL 128: mostly one request in flight at a time."""
-    return Workload(Poisson(1.0), dp_size=DP_SIZE, output=Fixed(128), router=RoundRobin(), seed=seed)
+    # Clients s, s + 8, ... land on rank s (round-robin, sticky).
+    firsts = {client: shorter for client in range(1, clients, DP_SIZE)}
+    loop = ClosedLoop(clients, first_prompt_lens=firsts)
+    return Workload(loop, dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(1), seed=seed, until=until)
 
 
 _DEFS: dict[str, _Def] = {
@@ -176,89 +170,135 @@ _DEFS: dict[str, _Def] = {
         "Poisson arrivals, round-robin, ISL 1k, OSL 256, steady decode background",
         "the seed's core case: lone small prefills",
         "sglang#23588, ROCm/ATOM#930",
+        16.0,
         600.0,
+        20.0,
+        100.0,
+        256,
         {},
-        _scattered,
+        _poisson(Fixed(1024), Fixed(256)),
     ),
     "bursty": _Def(
-        "on/off bursts of ~200 requests every ~6 s",
+        "on/off bursts: ~3 s of requests land within 0.1 s, every 3 s, ISL 1k, OSL 256",
         "a burst drains in consecutive prefill rounds (R3)",
         "seed section 1",
+        16.0,
         400.0,
+        21.0,
+        99.0,
+        256,
         {},
         _bursty,
     ),
     "osl-variance": _Def(
-        "ISL=OSL=1000, output length ratio 0.8, concurrency 256",
-        "fragmentation of prefill across ranks",
+        "Poisson arrivals, ISL 1000, OSL uniform in [800, 1000] (output length ratio 0.8)",
+        "fragmentation of prefill across ranks: finishes drift apart, prompts arrive one rank at a time",
         "sglang#23189",
+        8.0,
         400.0,
+        40.0,
+        100.0,
+        900,
         {},
-        _osl_variance,
+        _poisson(Fixed(1000), OutputRatio(1000, 0.8)),
     ),
     "skewed": _Def(
-        "one rank gets 4x the traffic",
-        "ANY cadence governs peers (P4)",
+        "Poisson arrivals, ISL 1k, OSL 256; rank 0 gets 4x the traffic of each other rank (4/11 of it)",
+        "ANY cadence governs peers (P4): the busy rank sets the pace",
         "seed section 2",
+        12.0,
         600.0,
+        20.0,
+        100.0,
+        256,
         {},
-        _skewed,
+        _poisson(Fixed(1024), Fixed(256), Skewed(weight=4.0, rank=0)),
     ),
     "kv-pressure": _Def(
-        "long outputs fill the pool past 0.9 on some ranks",
+        "Poisson arrivals with long, spread outputs on small pools (1024 pages of 64 tokens per rank); rank 0 "
+        "gets 1.5x its peers' traffic and runs near the 0.9 watermark",
         "watermark, retraction, blocker rules",
         "sglang#31835",
+        2.4,
         600.0,
+        60.0,
+        120.0,
+        1600,
         {"kv_pages": 1024, "max_num_seqs": 64 * DP_SIZE},
-        _kv_pressure,
+        _poisson(
+            LogNormal(1024, 0.5, low=128, high=4096),
+            LogNormal(1500, 0.6, low=256, high=6000),
+            Skewed(weight=1.5, rank=0),
+        ),
     ),
     "long-chunked": _Def(
-        "ISL 60k, OSL 1, concurrency 16, budget 8192/rank",
-        "the mixed-state feedback loop",
+        "Poisson arrivals, ISL 60k, OSL 1, budget 8192/rank: every prompt is 8 chunks, nothing decodes",
+        "that no policy costs capacity where no rank decodes (every hold protects nothing)",
         "sglang#35241",
+        1.0,
         1000.0,
+        20.0,
+        120.0,
+        1,
         {"chunked_prefill_size": LONG_BUDGET},
-        _long_chunked,
+        _poisson(Fixed(LONG_ISL), Fixed(1)),
     ),
     "long-chunked-offset": _Def(
-        "long-chunked with rank 1 a chunk out of phase from the start",
+        "closed loop, ISL 60k, OSL 1, rank 1 a chunk out of phase from the start; the load is the clients",
         "whether a policy re-aligns ranks that diverged by whole chunks",
         "sglang#35241",
+        16.0,
         1000.0,
+        20.0,
+        120.0,
+        1,
         {"chunked_prefill_size": LONG_BUDGET},
         _long_chunked_offset,
+        CLIENTS,
     ),
     "long-chunked-decode": _Def(
-        "long-chunked-offset with OSL 256: chunks of the next prompts run beside decoding requests",
+        "Poisson arrivals, ISL 60k, OSL 256: chunks of the next prompts run beside decoding requests",
         "whether holding chunks on decoding ranks leaves ranks out of phase (the feedback loop with decode)",
         "sglang#35241",
+        1.0,
         1000.0,
+        30.0,
+        120.0,
+        256,
         {"chunked_prefill_size": LONG_BUDGET},
-        _long_chunked_decode,
+        _poisson(Fixed(LONG_ISL), Fixed(256)),
     ),
     "long-osl": _Def(
-        "ISL ~800, OSL ~3600, concurrency 768",
+        "Poisson arrivals, ISL ~800, OSL ~3600: a deep decode population",
         "steady-state balance ratio",
         "TensorRT-LLM ADP blog",
+        4.0,
         500.0,
+        150.0,
+        150.0,
+        3600,
         {"kv_pages": 8192},
-        _long_osl,
+        _poisson(Normal(800, 100, low=256, high=2048), Normal(3600, 400, low=1024, high=8192)),
     ),
     "low-load": _Def(
-        "well below saturation: Poisson 1 req/s",
-        "no policy should cost TTFT for nothing",
+        "Poisson arrivals, ISL 1k, OSL 128, nominally 1 req/s: mostly one request in flight",
+        "no policy should cost TTFT for nothing (the low end of the TTFT frontier)",
         "-",
+        1.0,
         600.0,
+        10.0,
+        100.0,
+        128,
         {},
-        _low_load,
+        _poisson(Fixed(1024), Fixed(128)),
     ),
 }
 
-# A lab run's round cap per unit of scale: far above what 600 virtual seconds take at any round time the
-# presets give (>= 25 ms when busy), so only a policy that spins idle could reach it.
+# A fixed-load run's round cap per unit of scale: far above what 600 virtual seconds take at any round time
+# the presets give (>= 25 ms when busy), so only a policy that spins idle could reach it.
 ROUND_CAP = 60_000
 
-# The eight scenarios of PEERS.md; `long-chunked-offset` is long-chunked's variant.
+# The eight scenarios of PEERS.md; `long-chunked-offset` and `long-chunked-decode` are long-chunked's variants.
 LAB_SCENARIOS: tuple[str, ...] = (
     "scattered",
     "bursty",
@@ -277,7 +317,7 @@ def scenario_names() -> tuple[str, ...]:
 
 
 def scenario(name: str, seed: int = 0, scale: float = 1.0) -> Scenario:
-    """The scenario `name` with `seed`, its run length scaled by `scale`; ValueError lists the names."""
+    """The scenario `name` with `seed`, its run lengths scaled by `scale`; ValueError lists the names."""
     definition = _DEFS.get(name)
     if definition is None:
         raise ValueError(f"unknown scenario {name!r}; known scenarios: {', '.join(_DEFS)}")
@@ -290,8 +330,13 @@ def scenario(name: str, seed: int = 0, scale: float = 1.0) -> Scenario:
         source=definition.source,
         seed=seed,
         scale=scale,
+        load=definition.load,
+        load_unit=definition.load_unit,
         duration_s=definition.duration_s * scale,
         rounds=max(1, round(ROUND_CAP * scale)),
+        warmup_s=definition.warmup_s * scale,
+        window_s=definition.window_s * scale,
+        mean_output=definition.mean_output,
         overrides=MappingProxyType(dict(definition.overrides)),
         build=definition.build,
     )

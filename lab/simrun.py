@@ -43,7 +43,7 @@ class SimExtra:
     shape `engine.policies.oracle.oracle_bound` takes.
     """
 
-    stopped_by: str  # "done", "rounds" or "duration"
+    stopped_by: str  # "done", "rounds", "duration" or "stop" (the caller's `stop_when` said so)
     rounds: int
     sim_seconds: float
     wall_seconds: float
@@ -66,13 +66,16 @@ def run_sim(
     on_round: RoundHook | None = None,
     preset: CostPreset | None = None,
     skip_idle: bool = True,
+    stop_when: Callable[[], bool] | None = None,
     on_start: Callable[[LockstepDriver], None] | None = None,
 ) -> tuple[Summary, SimExtra]:
     """Simulate `workload` on `args` (executor "sim") until done, `rounds` rounds or `duration` virtual seconds.
 
     `policy_factory(rank, args)` replaces the policy `args` configure (the lab's peers); `preset`
     replaces `args.sim_preset` (a calibrated preset); `on_round(record, outcomes)` sees every round;
-    `on_start(driver)` gets the driver before the first round (a client that proposes config changes, G1).
+    `stop_when()`, asked after every round, ends the run early (the capacity lab stops a run whose verdict
+    is already known); `on_start(driver)` gets the driver before the first round (a client that proposes
+    config changes, G1).
     """
     if args.executor != "sim":
         raise ValueError(f"run_sim needs --executor sim, got {args.executor!r}")
@@ -121,6 +124,9 @@ def run_sim(
         if loads is not None:
             loads = [row.waiting_prompts + row.running for row in outcomes[0].rows]
         if live == 0 and workload.done:
+            break
+        if stop_when is not None and stop_when():
+            stopped_by = "stop"
             break
         if skip_idle and live == 0 and outcomes[0].all_idle:
             target = workload.next_arrival if duration is None else min(workload.next_arrival, duration)

@@ -163,7 +163,7 @@ def test_sweep_on_a_tiny_real_grid_picks_and_reports(tmp_path, capsys):
     argv += ["--sweep-attempt", "2", "8", "--sweep-any", "8", "--jobs", "1", "--out", str(tmp_path)]
     assert main(argv) == 0
     text = (tmp_path / "lab" / "sweep.md").read_text()
-    assert not (tmp_path / "lab.md").exists()  # the sweep leaves the policy table alone
+    assert not (tmp_path / "lab" / "fixed-load.md").exists()  # the sweep leaves the policy table alone
     cells = run_cells(sweep_specs(LabConfig(("low-load",), ("gate",), scale=0.05), grid([2, 8], [8])), jobs=1)
     best = pick_best([SweepPoint.of(cell) for cell in cells], ttft_p99_max=100.0)
     assert best is not None and best.tokens_per_s == max(c.summary.output_tokens_per_s for c in cells)
@@ -200,7 +200,7 @@ def test_bad_input_is_one_line_and_exit_two(argv, message, capsys, tmp_path):
     assert lab_main(_ns(*argv, "--out", str(tmp_path))) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "lab.md").exists()
+    assert not (tmp_path / "lab" / "fixed-load.md").exists()
 
 
 def test_bad_input_from_the_command_line_has_no_traceback():
@@ -253,15 +253,17 @@ def test_long_chunked_offset_reports_the_spread_per_policy(small_lab):
 
 
 def test_lab_command_writes_report_and_charts(tmp_path, capsys):
-    # Charts: the command writes lab.md and a PNG per scenario, plus the spread chart for long-chunked ones.
+    # Charts: the fixed-load view writes lab/fixed-load.md (lab.md is the capacity report's) and a PNG per
+    # scenario beside it, plus the spread chart for long-chunked ones.
     argv = ["--scenarios", "low-load,long-chunked", "--policies", "ungated", "gate", "--scale", "0.02"]
     assert main([*argv, "--jobs", "1", "--out", str(tmp_path)]) == 0
-    report = (tmp_path / "lab.md").read_text()
+    assert not (tmp_path / "lab.md").exists()
+    report = (tmp_path / "lab" / "fixed-load.md").read_text()
     assert report.startswith("# Policy lab") and "## Run" in report
     assert "`prefill-gate lab --scenarios low-load long-chunked --policies ungated gate --scale 0.02`" in report
     for name in ("low-load.png", "long-chunked.png", "long-chunked-spread.png"):
         data = (tmp_path / "lab" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
-        assert f"](lab/{name})" in report
+        assert f"]({name})" in report
     assert not (tmp_path / "lab" / "low-load-spread.png").exists()
     assert "| gate |" in capsys.readouterr().out  # the tables are printed too

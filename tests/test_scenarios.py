@@ -14,12 +14,12 @@ PEERS_NAMES = ("scattered", "bursty", "osl-variance", "skewed", "kv-pressure", "
 GATE = {"prefill_attempt_interval": 8, "prefill_any_attempt_interval": 32}
 
 
-def run(name: str, scale: float, ungated: bool = False, seed: int = 0, on_round=None):
+def run(name: str, scale: float, ungated: bool = False, seed: int = 0, on_round=None, load: float | None = None):
     sc = scenario(name, seed=seed, scale=scale)
     factory = (lambda rank, args: UngatedPolicy()) if ungated else None
     return run_sim(
         sc.server_args(**GATE),
-        sc.workload(),
+        sc.workload(load),
         rounds=sc.rounds,
         duration=sc.duration_s,
         policy_factory=factory,
@@ -98,11 +98,21 @@ def test_kv_pressure_pushes_some_rank_past_the_watermark():  # watermark scenari
 
 
 def test_long_chunked_offset_puts_one_rank_a_chunk_behind():  # sglang#35241 variant
-    aligned = scenario("long-chunked").workload().due(0.0)
     offset = scenario("long-chunked-offset").workload().due(0.0)
     short = {rank: spec.prompt_len for rank, spec in offset if spec.prompt_len != 60_000}
-    assert short == {1: 60_000 - 8192}
-    assert all(spec.prompt_len == 60_000 for _, spec in aligned)
+    assert short == {1: 60_000 - 8192} and len(offset) == 16
+    assert all(spec.prompt_len == 60_000 for _, spec in scenario("long-chunked").workload().due(60.0))
+
+
+def test_a_shape_is_its_load_the_same_requests_sooner():
+    # Capacity mode: the load is a parameter of the shape; the same seed gives the same requests at any rate.
+    sc = scenario("scattered")
+    slow, fast = sc.workload(8.0).due(20.0), sc.workload(16.0).due(10.0)
+    assert [(r, s.prompt_len) for r, s in slow] == [(r, s.prompt_len) for r, s in fast] and len(slow) > 100
+    assert [s.arrival for _, s in fast] == pytest.approx([s.arrival / 2 for _, s in slow])
+    assert not sc.workload(16.0, until=5.0).due(10.0)[-1][1].arrival > 5.0
+    with pytest.raises(ValueError, match="load must be > 0"):
+        sc.workload(0.0)
 
 
 def test_bursty_drains_a_burst_in_consecutive_prefill_rounds():  # rule R3 scenario
@@ -112,9 +122,9 @@ def test_bursty_drains_a_burst_in_consecutive_prefill_rounds():  # rule R3 scena
         if not record.all_decode_or_idle:
             extend_rounds.append(record.round)
 
-    run("bursty", 0.05, on_round=watch)
+    run("bursty", 0.05, on_round=watch, load=64.0)  # a burst of ~190 requests: ~24 per rank
     streak = longest = 1
     for before, after in pairwise(extend_rounds):
         streak = streak + 1 if after == before + 1 else 1
         longest = max(longest, streak)
-    assert longest >= 3  # ~25 prompts per rank need several budgets, run back to back
+    assert longest >= 3  # ~24 prompts per rank need several budgets, run back to back

@@ -170,9 +170,9 @@ def test_trace_replays_times_lengths_ranks_and_hits(tmp_path: Path):  # trace re
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
-        ('{"prompt_len": 5, "output_len": 5}', "'t' must be a finite number"),
+        ('{"prompt_len": 5, "output_len": 5}', "missing key 't'"),
         ('{"t": -1, "prompt_len": 5, "output_len": 5}', "'t' must be a finite number"),
-        ('{"t": 1, "output_len": 5}', "'prompt_len' must be an integer >= 1"),
+        ('{"t": 1, "output_len": 5}', "missing key 'prompt_len'"),
         ('{"t": 1, "prompt_len": 5, "output_len": 0}', "'output_len' must be an integer >= 1"),
         ('{"t": 1, "prompt_len": 5, "output_len": 2.5}', "'output_len' must be an integer >= 1"),
         ('{"t": 1, "prompt_len": 5, "output_len": 5, "rank": -1}', "'rank' must be an integer >= 0"),

@@ -8,9 +8,11 @@ next one), and ``done`` says no request will come again. The same object serves 
 Parts, each a small frozen spec started from the workload's seed:
 
 - arrivals: `Poisson`, `OnOff` bursts, `Bursts` of simultaneous requests, `ClosedLoop` concurrency,
-  `Trace` replay of a JSONL file;
+  `Trace` replay of a trace file (traces.py: Azure 2023 CSV, Mooncake FAST'25 JSONL, our own JSONL;
+  `trace_workload` builds a whole workload from one, windowed, sped up and routed);
 - lengths: `Fixed`, `Uniform`, `Normal`, `LogNormal` (both clipped), `OutputRatio` (sglang#23189);
-- routing: `RoundRobin`, `ShortestQueue`, `Skewed`.
+- routing: `RoundRobin`, `ShortestQueue`, `Skewed`, `PrefixAffinity` (SGLang's cache-aware router over the
+  per-rank prefix block caches of prefix_cache.py).
 
 Every random choice comes from its own stream seeded from ``(seed, stream name)``, so the same seed
 gives the same requests, and changing, say, the router does not change the lengths drawn.
@@ -26,12 +28,11 @@ from workloads.arrivals import (
     ClosedLoop,
     OnOff,
     Poisson,
-    Trace,
-    load_trace,
 )
 from workloads.core import Workload, stream
 from workloads.lengths import Fixed, LengthDist, LogNormal, Normal, OutputRatio, Uniform
-from workloads.routing import RoundRobin, Router, RouterState, ShortestQueue, Skewed
+from workloads.routing import PrefixAffinity, RoundRobin, Router, RouterState, ShortestQueue, Skewed
+from workloads.traces import Trace, TraceData, TraceError, load_trace, load_trace_file, trace_workload
 
 __all__ = [
     "Arrival",
@@ -46,14 +47,19 @@ __all__ = [
     "OnOff",
     "OutputRatio",
     "Poisson",
+    "PrefixAffinity",
     "RoundRobin",
     "Router",
     "RouterState",
     "ShortestQueue",
     "Skewed",
     "Trace",
+    "TraceData",
+    "TraceError",
     "Uniform",
     "Workload",
     "load_trace",
+    "load_trace_file",
     "stream",
+    "trace_workload",
 ]

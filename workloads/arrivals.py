@@ -1,21 +1,23 @@
-"""Arrival processes: when requests come (Poisson, on/off, bursts, closed loop, trace replay)."""
+"""Arrival processes: when requests come (Poisson, on/off, bursts, closed loop; trace replay is in traces.py)."""
 
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One arrival. Fields left None are filled by the workload (lengths, rank, storage hit)."""
+    """One arrival. Fields left None are filled by the workload (lengths, rank, storage hit).
+
+    `blocks` names the prompt's prefix blocks (a Mooncake trace's `hash_ids`): the workload's per-rank
+    block caches turn them into a prefix hit (`workloads.prefix_cache`).
+    """
 
     time: float
     prompt_len: int | None = None
@@ -23,6 +25,7 @@ class Arrival:
     rank: int | None = None
     prefix_hit: int | None = None
     session: int | None = None  # closed loops: which client issued it
+    blocks: tuple[int, ...] | None = None
 
 
 class ArrivalStream(ABC):
@@ -208,77 +211,3 @@ class _ClosedStream(ArrivalStream):
     def finished(self, session: int | None, now: float) -> None:
         if session is not None:
             heapq.heappush(self._heap, (now + self._spec.think_s, session))
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Replay of a JSONL file, one request a line: ``{"t", "prompt_len", "output_len", ["rank"], ["prefix_hit"]}``.
-
-    `source` is the file's path, or arrivals already read with `load_trace`. A path is read and
-    checked when the workload starts; a malformed line raises ValueError naming the file and the line
-    number. Blank lines are skipped; other keys are ignored. Requests are replayed in time order (lines
-    with equal `t` keep their file order).
-    """
-
-    source: str | Path | Sequence[Arrival]
-
-    def start(self, rng: random.Random) -> ArrivalStream:
-        if isinstance(self.source, str | Path):
-            return _TraceStream(load_trace(self.source))
-        return _TraceStream(sorted(self.source, key=lambda a: a.time))
-
-
-class _TraceStream(ArrivalStream):
-    finite = True
-
-    def __init__(self, arrivals: list[Arrival]) -> None:
-        self._arrivals = arrivals
-        self._index = 0
-
-    def peek(self) -> float:
-        return self._arrivals[self._index].time if self._index < len(self._arrivals) else math.inf
-
-    def pop(self) -> Arrival:
-        arrival = self._arrivals[self._index]
-        self._index += 1
-        return arrival
-
-
-def load_trace(path: str | Path) -> list[Arrival]:
-    """Parse a JSONL trace; raises ValueError("<file>:<line>: ...") on the first malformed line."""
-    arrivals: list[Arrival] = []
-    with Path(path).open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            arrivals.append(_parse_trace_line(line, f"{path}:{number}"))
-    arrivals.sort(key=lambda a: a.time)  # stable: equal times keep file order
-    return arrivals
-
-
-def _parse_trace_line(line: str, where: str) -> Arrival:
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-    if not isinstance(item, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(item).__name__}")
-    t = item.get("t")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-        raise ValueError(f"{where}: 't' must be a finite number >= 0, got {t!r}")
-    prompt_len = _trace_int(item, "prompt_len", where, minimum=1)
-    output_len = _trace_int(item, "output_len", where, minimum=1)
-    rank = _trace_int(item, "rank", where, minimum=0, required=False)
-    hit = _trace_int(item, "prefix_hit", where, minimum=0, required=False)
-    if hit is not None and prompt_len is not None and hit >= prompt_len:
-        raise ValueError(f"{where}: 'prefix_hit' ({hit}) must be < 'prompt_len' ({prompt_len})")
-    return Arrival(float(t), prompt_len, output_len, rank, hit)
-
-
-def _trace_int(item: dict[str, object], key: str, where: str, minimum: int, required: bool = True) -> int | None:
-    value = item.get(key)
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where}: {key!r} must be an integer >= {minimum}, got {value!r}")
-    return value

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from engine.request import RequestSpec
 from workloads.arrivals import Arrival, ArrivalProcess
 from workloads.lengths import Fixed, LengthDist
+from workloads.prefix_cache import MOONCAKE_BLOCK_TOKENS, PrefixView, RankCaches
 from workloads.routing import RoundRobin, Router
 
 # Frozen specs, shared safely as defaults.
@@ -30,6 +31,11 @@ class Workload:
     `prefix_hit_prob` a request's first ``floor(prefix_hit_fraction * prompt_len)`` tokens are a storage
     hit (`RequestSpec.prefix_hit`). `token_ids` adds prompt token ids below `vocab` (the torch executor
     needs them). `sticky_sessions` sends a closed-loop client's requests to the rank of its first one.
+
+    Arrivals that name prefix `blocks` (a Mooncake trace) meet per-rank block caches of `cache_blocks`
+    blocks of `block_tokens` tokens (`workloads.prefix_cache`; 0: no caches): the router sees every rank's
+    match, the chosen rank's match becomes the request's `prefix_hit`, and the blocks are the rank's once
+    the request ends.
     """
 
     def __init__(
@@ -49,6 +55,8 @@ class Workload:
         vocab: int = 512,
         sticky_sessions: bool = True,
         rid_prefix: str = "r",
+        cache_blocks: int = 0,
+        block_tokens: int = MOONCAKE_BLOCK_TOKENS,
     ) -> None:
         if dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {dp_size}")
@@ -80,8 +88,10 @@ class Workload:
         self._tokens = stream(seed, "tokens")
         self.issued = 0
         self.finished = 0
+        self.prefix_caches = RankCaches(dp_size, cache_blocks, block_tokens) if cache_blocks > 0 else None
         self.in_flight_per_rank = [0] * dp_size
-        self._flight: dict[str, tuple[int, int | None]] = {}  # rid -> (rank, session)
+        # rid -> (rank, session, prefix blocks)
+        self._flight: dict[str, tuple[int, int | None, tuple[int, ...] | None]] = {}
         self._session_rank: dict[int, int] = {}
         self._last_now = -math.inf
 
@@ -133,13 +143,19 @@ class Workload:
         current = list(loads) if loads is not None else list(self.in_flight_per_rank)
         if len(current) != self.dp_size:
             raise ValueError(f"loads has {len(current)} entries for {self.dp_size} ranks")
+        caches = self.prefix_caches
         while self.next_arrival <= now:
             arrival = self._arrivals.pop()
-            rank = self._rank_for(arrival, current)
-            spec = self._spec(arrival)
+            blocks = arrival.blocks if caches is not None else None
+            view = caches.view(blocks) if caches is not None and blocks else None
+            rank = self._rank_for(arrival, current, view)
+            cached = None
+            if view is not None and arrival.prefix_hit is None and arrival.prompt_len is not None:
+                cached = caches.hit(rank, blocks, arrival.prompt_len, view.matched[rank])  # type: ignore[union-attr,arg-type]
+            spec = self._spec(arrival, cached)
             current[rank] += 1
             self.in_flight_per_rank[rank] += 1
-            self._flight[spec.rid] = (rank, arrival.session)
+            self._flight[spec.rid] = (rank, arrival.session, blocks)
             self.issued += 1
             out.append((rank, spec))
         return out
@@ -149,12 +165,14 @@ class Workload:
         entry = self._flight.pop(rid, None)
         if entry is None:
             return
-        rank, session = entry
+        rank, session, blocks = entry
+        if blocks and self.prefix_caches is not None:
+            self.prefix_caches.finished(rank, blocks)
         self.in_flight_per_rank[rank] -= 1
         self.finished += 1
         self._arrivals.finished(session, now)
 
-    def _rank_for(self, arrival: Arrival, loads: list[int]) -> int:
+    def _rank_for(self, arrival: Arrival, loads: list[int], prefix: PrefixView | None = None) -> int:
         if arrival.rank is not None:
             if arrival.rank >= self.dp_size:
                 raise ValueError(f"trace request at t={arrival.time} names rank {arrival.rank} of {self.dp_size}")
@@ -162,16 +180,18 @@ class Workload:
         session = arrival.session
         if self.sticky_sessions and session is not None and session in self._session_rank:
             return self._session_rank[session]
-        rank = self._router.pick(loads)
+        rank = self._router.pick(loads, prefix)
         if session is not None:
             self._session_rank[session] = rank
         return rank
 
-    def _spec(self, arrival: Arrival) -> RequestSpec:
+    def _spec(self, arrival: Arrival, cached: int | None = None) -> RequestSpec:
         prompt_len = arrival.prompt_len if arrival.prompt_len is not None else self._prompt.sample(self._lengths)
         output_len = arrival.output_len if arrival.output_len is not None else self._output.sample(self._lengths)
         if arrival.prefix_hit is not None:
             hit = arrival.prefix_hit
+        elif cached is not None:
+            hit = cached
         elif self.prefix_hit_prob and self._hits.random() < self.prefix_hit_prob:
             hit = min(int(self.prefix_hit_fraction * prompt_len), prompt_len - 1)
         else:

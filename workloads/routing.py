@@ -1,4 +1,4 @@
-"""Routing: which rank a request goes to (round-robin, shortest queue, weighted skew)."""
+"""Routing: which rank a request goes to (round-robin, shortest queue, weighted skew, prefix affinity)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
+from workloads.prefix_cache import PrefixView
+
 
 class RouterState(ABC):
     """The running state of a routing rule."""
@@ -14,8 +16,9 @@ class RouterState(ABC):
     needs_loads = False
 
     @abstractmethod
-    def pick(self, loads: list[int]) -> int:
-        """The rank for the next request; `loads` is per-rank load including this round's picks."""
+    def pick(self, loads: list[int], prefix: PrefixView | None = None) -> int:
+        """The rank for the next request; `loads` is per-rank load including this round's picks, `prefix`
+        what each rank caches of the request's prefix (None: the request names no prefix blocks)."""
 
 
 class Router(Protocol):
@@ -63,7 +66,7 @@ class _WeightedState(RouterState):
         self._total = sum(weights)
         self._credit = [0.0] * len(weights)
 
-    def pick(self, loads: list[int]) -> int:
+    def pick(self, loads: list[int], prefix: PrefixView | None = None) -> int:
         credit = self._credit
         for rank, weight in enumerate(self._weights):
             credit[rank] += weight
@@ -83,5 +86,84 @@ class ShortestQueue:
 class _ShortestState(RouterState):
     needs_loads = True
 
-    def pick(self, loads: list[int]) -> int:
-        return min(range(len(loads)), key=loads.__getitem__)
+    def pick(self, loads: list[int], prefix: PrefixView | None = None) -> int:
+        return _shortest(loads)
+
+
+def _shortest(loads: list[int]) -> int:
+    return min(range(len(loads)), key=loads.__getitem__)
+
+
+# SGLang router defaults of the cache-aware policy (see `PrefixAffinity`).
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 8
+BALANCE_REL_THRESHOLD = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixAffinity:
+    """SGLang's cache-aware router, restated over per-rank prefix block caches.
+
+    Source (read; restated, not copied): https://github.com/sgl-project/sglang, `sgl-router/src/policies/
+    cache_aware.rs` (`CacheAwarePolicy::select_worker`), defaults from the router's `PolicyConfig`
+    (`cache_threshold` 0.3, `balance_abs_threshold` 64, `balance_rel_threshold` 1.5). Per request:
+
+    - the group is imbalanced when ``max(load) - min(load) > balance_abs_threshold`` and
+      ``max(load) > balance_rel_threshold * min(load)``: then the least-loaded rank (shortest queue);
+    - else the rank with the longest cached prefix, if that prefix is more than `cache_threshold` of the
+      request's blocks;
+    - else the rank that caches the fewest blocks ("smallest tree": the most room for new prefixes).
+
+    Ties (equal match, equal size) go to the least-loaded rank, then the lowest. A request without
+    prefix blocks (an Azure trace, a synthetic workload) has no match anywhere, so it goes by the
+    smallest cache, which with equal caches is the shortest queue.
+
+    What differs: SGLang's router matches text against its own approximate tree, filled as it routes and
+    trimmed by size every `eviction_interval_secs`; this router reads the ranks' caches
+    (`workloads.prefix_cache`) exactly, so it never sends a request after blocks that were evicted or not
+    yet computed. Loads are the driver's per-rank waiting + running requests (SGLang: requests in flight
+    per worker).
+    """
+
+    cache_threshold: float = CACHE_THRESHOLD
+    balance_abs_threshold: int = BALANCE_ABS_THRESHOLD
+    balance_rel_threshold: float = BALANCE_REL_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0 or self.balance_abs_threshold < 0 or self.balance_rel_threshold < 1:
+            raise ValueError(
+                "PrefixAffinity: need 0 <= cache_threshold <= 1, balance_abs_threshold >= 0 and "
+                f"balance_rel_threshold >= 1, got {self.cache_threshold}, {self.balance_abs_threshold}, "
+                f"{self.balance_rel_threshold}"
+            )
+
+    def start(self, dp_size: int, rng: random.Random) -> RouterState:
+        return _AffinityState(self)
+
+
+class _AffinityState(RouterState):
+    needs_loads = True
+
+    def __init__(self, spec: PrefixAffinity) -> None:
+        self.spec = spec
+        self.by_cache = 0  # picks made for the cached prefix
+        self.by_load = 0  # picks made by load (imbalance)
+
+    def imbalanced(self, loads: list[int]) -> bool:
+        """SGLang's test: both the absolute and the relative spread exceed their thresholds."""
+        high, low = max(loads), min(loads)
+        spec = self.spec
+        return high - low > spec.balance_abs_threshold and high > spec.balance_rel_threshold * low
+
+    def pick(self, loads: list[int], prefix: PrefixView | None = None) -> int:
+        ranks = range(len(loads))
+        if self.imbalanced(loads):
+            self.by_load += 1
+            return _shortest(loads)
+        if prefix is not None and prefix.blocks:
+            best = max(prefix.matched)
+            if best / prefix.blocks > self.spec.cache_threshold:
+                self.by_cache += 1
+                return min((r for r in ranks if prefix.matched[r] == best), key=lambda r: (loads[r], r))
+            return min(ranks, key=lambda r: (prefix.sizes[r], loads[r], r))
+        return _shortest(loads)

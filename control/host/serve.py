@@ -28,17 +28,20 @@ from workloads import (
     Fixed,
     OnOff,
     Poisson,
-    RoundRobin,
-    ShortestQueue,
     Skewed,
-    Trace,
+    TraceData,
     Uniform,
     Workload,
-    load_trace,
+    load_trace_file,
+    trace_workload,
 )
+from workloads.prefix_cache import DEFAULT_CACHE_BLOCKS
+from workloads.traces import DEFAULT_TRACE_ROUTER, router_named, trace_window
+from workloads.traces import ROUTERS as NAMED_ROUTERS
 
-ROUTERS = ("round-robin", "shortest-queue", "skewed")
+ROUTERS = (*NAMED_ROUTERS, "skewed")
 ARRIVALS = ("poisson", "bursts", "closed", "trace", "none")
+DEFAULT_REQUESTS = 200  # synthetic arrivals; a trace replays its whole window
 
 # Extra servers (gRPC, metrics) attach here: each gets the controller and returns a stop coroutine.
 Attachment = Callable[[Controller, argparse.Namespace], Awaitable[Callable[[], Awaitable[None]]]]
@@ -58,53 +61,143 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--no-progress", action="store_true", help="do not print the live progress line")
     run.add_argument("--keep-serving", action="store_true", help="keep running when the workload is done")
     load = parser.add_argument_group("workload")
-    load.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="arrival process")
+    load.add_argument(
+        "--arrival", choices=ARRIVALS, default=None, help="arrival process (default: trace with --trace, else poisson)"
+    )
     load.add_argument("--rate", type=float, default=20.0, help="requests/s (poisson, and while on for bursts)")
     load.add_argument("--on-s", type=float, default=0.2, help="bursts: seconds on")
     load.add_argument("--off-s", type=float, default=2.0, help="bursts: seconds off")
     load.add_argument("--concurrency", type=int, default=16, help="closed loop: clients")
-    load.add_argument("--trace", default=None, help="JSONL trace of {t, prompt_len, output_len, [rank], [prefix_hit]}")
-    load.add_argument("--requests", type=int, default=200, help="requests in all (0: unbounded)")
+    load.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="replay a trace: Azure LLM 2023 CSV, Mooncake FAST'25 JSONL or prefill-gate JSONL "
+        "{t, prompt_len, output_len, [rank], [prefix_hit]}; the format is detected",
+    )
+    load.add_argument("--trace-speed", type=float, default=1.0, help="trace: arrivals this many times faster")
+    load.add_argument("--trace-start", type=float, default=0.0, help="trace: window start, in trace seconds")
+    load.add_argument(
+        "--trace-duration", type=float, default=None, help="trace: window length in trace seconds (default: to the end)"
+    )
+    load.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=DEFAULT_CACHE_BLOCKS,
+        help="trace with prefix blocks (Mooncake): per-rank LRU cache of that many 512-token blocks (0: off)",
+    )
+    load.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"requests in all (0: unbounded; default {DEFAULT_REQUESTS}, or the whole trace window)",
+    )
     load.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (fixed)")
     load.add_argument("--prompt-len-max", type=int, default=None, help="prompt tokens uniform up to this")
     load.add_argument("--output-len", type=int, default=32, help="output tokens (fixed)")
     load.add_argument("--output-len-max", type=int, default=None, help="output tokens uniform up to this")
-    load.add_argument("--routing", choices=ROUTERS, default="round-robin", help="how requests pick a rank")
+    load.add_argument(
+        "--router",
+        "--routing",
+        dest="routing",
+        choices=ROUTERS,
+        default=None,
+        help=f"how requests pick a rank (default: {DEFAULT_TRACE_ROUTER} for a trace, else round-robin); "
+        "prefix-affinity is SGLang's cache-aware router over the ranks' prefix caches",
+    )
     load.add_argument("--skew", type=float, default=4.0, help="skewed routing: rank 0 gets this x traffic")
     load.add_argument("--prefix-hit-prob", type=float, default=0.0, help="share of prompts with a storage hit")
 
 
-def build_workload(ns: argparse.Namespace, args: ServerArgs) -> Workload | None:
-    """The workload the flags describe; raises ValueError with the flag in the message."""
-    if ns.arrival == "none":
-        return None
-    if ns.arrival == "poisson":
-        arrivals = Poisson(ns.rate)
-    elif ns.arrival == "bursts":
-        arrivals = OnOff(rate=ns.rate, on_s=ns.on_s, off_s=ns.off_s)
-    elif ns.arrival == "closed":
-        arrivals = ClosedLoop(ns.concurrency)
-    else:
-        if not ns.trace:
+def load_trace_arg(ns: argparse.Namespace) -> TraceData | None:
+    """The trace `--trace` names, read and checked (TraceError, a ValueError, on a malformed file)."""
+    if ns.trace is None:
+        if ns.arrival == "trace":
             raise ValueError("--arrival trace needs --trace FILE")
-        arrivals = Trace(load_trace(ns.trace))
-    routers = {"round-robin": RoundRobin(), "shortest-queue": ShortestQueue(), "skewed": Skewed(weight=ns.skew, rank=0)}
+        for flag, value, default in (
+            ("--trace-speed", ns.trace_speed, 1.0),
+            ("--trace-start", ns.trace_start, 0.0),
+            ("--trace-duration", ns.trace_duration, None),
+        ):
+            if value != default:
+                raise ValueError(f"{flag} needs --trace FILE")
+        return None
+    if ns.arrival not in (None, "trace"):
+        raise ValueError(f"--trace replays the file's arrivals; it cannot be combined with --arrival {ns.arrival}")
+    return load_trace_file(ns.trace)
+
+
+def build_workload(ns: argparse.Namespace, args: ServerArgs, trace: TraceData | None = None) -> Workload | None:
+    """The workload the flags describe; raises ValueError with the flag in the message."""
+    requests = DEFAULT_REQUESTS if ns.requests is None and ns.trace is None else (ns.requests or 0)
+    if requests < 0:
+        raise ValueError(f"--requests must be >= 0, got {requests}")
+    if ns.prefix_cache_blocks < 0:
+        raise ValueError(f"--prefix-cache-blocks must be >= 0, got {ns.prefix_cache_blocks}")
+    if ns.trace is not None:
+        data = trace if trace is not None else load_trace_file(ns.trace)
+        if ns.routing == "skewed":
+            known = ", ".join(NAMED_ROUTERS)
+            raise ValueError(f"--router skewed is for synthetic arrivals; a trace takes one of {known}")
+        return trace_workload(
+            data,
+            speed=ns.trace_speed,
+            start=ns.trace_start,
+            duration=ns.trace_duration,
+            router=ns.routing or DEFAULT_TRACE_ROUTER,
+            dp_size=args.dp_size,
+            seed=args.seed,
+            # The torch executor has no storage tier to serve a cached prefix from (RequestSpec.prefix_hit).
+            cache_blocks=ns.prefix_cache_blocks if args.executor == "sim" else 0,
+            limit=requests or None,
+            token_ids=args.executor == "torch",
+            vocab=args.model_vocab,
+        )
+    arrival = ns.arrival or "poisson"
+    if arrival == "none":
+        return None
+    if arrival == "poisson":
+        arrivals = Poisson(ns.rate)
+    elif arrival == "bursts":
+        arrivals = OnOff(rate=ns.rate, on_s=ns.on_s, off_s=ns.off_s)
+    else:
+        arrivals = ClosedLoop(ns.concurrency)
+    routing = ns.routing or "round-robin"
+    router = Skewed(weight=ns.skew, rank=0) if routing == "skewed" else router_named(routing)
     prompt = Uniform(ns.prompt_len, ns.prompt_len_max) if ns.prompt_len_max else Fixed(ns.prompt_len)
     output = Uniform(ns.output_len, ns.output_len_max) if ns.output_len_max else Fixed(ns.output_len)
-    if ns.requests < 0:
-        raise ValueError(f"--requests must be >= 0, got {ns.requests}")
     return Workload(
         arrivals,
         dp_size=args.dp_size,
         prompt=prompt,
         output=output,
-        router=routers[ns.routing],
+        router=router,
         seed=args.seed,
-        limit=ns.requests or None,
+        limit=requests or None,
         prefix_hit_prob=ns.prefix_hit_prob,
         token_ids=args.executor == "torch",
         vocab=args.model_vocab,
     )
+
+
+def describe_trace(ns: argparse.Namespace, data: TraceData, args: ServerArgs) -> str:
+    """What `serve` prints before replaying a trace: what it is, which part of it runs how, and how many of
+    its requests no rank's pool could ever hold (they will be refused)."""
+    end = "the end" if ns.trace_duration is None else f"{ns.trace_start + ns.trace_duration:g} s"
+    lines = [
+        f"trace {data.describe()}",
+        f"  replaying trace seconds {ns.trace_start:g} to {end} at {ns.trace_speed:g}x, "
+        f"router {ns.routing or DEFAULT_TRACE_ROUTER}",
+    ]
+    capacity = args.kv_pages * args.page_size
+    window = trace_window(data, speed=ns.trace_speed, start=ns.trace_start, duration=ns.trace_duration)
+    too_long = sum(1 for a in window if (a.prompt_len or 0) + (a.output_len or 0) > capacity)
+    if too_long:
+        lines.append(
+            f"  note: {too_long} of the window's {len(window)} requests need more than a rank's pool of "
+            f"{capacity:,} tokens (--kv-pages x --page-size) and will be refused; raise --kv-pages to run them"
+        )
+    return "\n".join(lines)
 
 
 def check_run_args(ns: argparse.Namespace, args: ServerArgs) -> None:
@@ -156,6 +249,9 @@ def format_summary(summary: Summary, simulated: bool) -> str:
             f"ranks extending per extend round {summary.mean_ranks_extending or 0:.2f}",
             f"  windows opened by ANY {summary.windows_any}  by ALL {summary.windows_all}  "
             f"gate wait p99 {summary.gate_wait_p99_rounds or 0:.0f} rounds",
+            f"  prefix hits {summary.prefix_hit_requests}/{summary.requests_submitted} requests  "
+            f"{summary.prefix_hit_tokens:,} of {summary.prompt_tokens:,} prompt tokens "
+            f"({share(summary.prefix_hit_share)}) served from cache",
         ]
     )
 
@@ -224,7 +320,10 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
     try:
         args = ServerArgs.from_cli_args(ns)
         check_run_args(ns, args)
-        workload = build_workload(ns, args)
+        trace = load_trace_arg(ns)
+        if trace is not None:
+            print(describe_trace(ns, trace, args), flush=True)
+        workload = build_workload(ns, args, trace)
         backend = build_backend(args, workload, ns, run_id)
     except (ValueError, OSError) as exc:
         # The whole usage of ~50 flags would bury the one line that matters.

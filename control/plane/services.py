@@ -116,6 +116,10 @@ def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) ->
         records_dropped=records_dropped,
         trace_spans_dropped=spans_dropped,
         elapsed_seconds=elapsed,
+        prompt_tokens=summary.prompt_tokens,
+        prefix_hit_requests=summary.prefix_hit_requests,
+        prefix_hit_tokens=summary.prefix_hit_tokens,
+        prefix_hit_share=summary.prefix_hit_share or 0.0,
     )
 
 

@@ -131,7 +131,7 @@ class RoundRecord(_message.Message):
     def __init__(self, round: _Optional[int] = ..., unix_nanos: _Optional[int] = ..., counter: _Optional[int] = ..., point: _Optional[_Union[GatePoint, str]] = ..., open: _Optional[bool] = ..., counter_after: _Optional[int] = ..., all_decode_or_idle: _Optional[bool] = ..., round_seconds: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankRow, _Mapping]]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., dropped_before: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., run_id: _Optional[str] = ..., adopted_epoch: _Optional[int] = ..., ranks_extending: _Optional[int] = ..., ranks_wanting: _Optional[int] = ..., ranks_blocking_all: _Optional[int] = ..., ttft_seconds: _Optional[_Iterable[float]] = ..., itl_seconds: _Optional[_Iterable[float]] = ..., itl_tokens: _Optional[_Iterable[int]] = ..., adopted_config: _Optional[_Union[GateConfig, _Mapping]] = ...) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("rounds", "rounds_per_second", "output_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p99_seconds", "gate_wait_p99_seconds", "gate_wait_p99_rounds", "extend_round_share", "ranks_extending_per_window", "windows_any", "windows_all", "requests_submitted", "requests_finished", "requests_aborted", "requests_refused", "output_tokens", "retractions", "records_dropped", "trace_spans_dropped", "elapsed_seconds")
+    __slots__ = ("rounds", "rounds_per_second", "output_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p99_seconds", "gate_wait_p99_seconds", "gate_wait_p99_rounds", "extend_round_share", "ranks_extending_per_window", "windows_any", "windows_all", "requests_submitted", "requests_finished", "requests_aborted", "requests_refused", "output_tokens", "retractions", "records_dropped", "trace_spans_dropped", "elapsed_seconds", "prompt_tokens", "prefix_hit_requests", "prefix_hit_tokens", "prefix_hit_share")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,10 @@ class RunStats(_message.Message):
     RECORDS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     TRACE_SPANS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_SHARE_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     rounds_per_second: float
     output_tokens_per_second: float
@@ -176,7 +180,11 @@ class RunStats(_message.Message):
     records_dropped: int
     trace_spans_dropped: int
     elapsed_seconds: float
-    def __init__(self, rounds: _Optional[int] = ..., rounds_per_second: _Optional[float] = ..., output_tokens_per_second: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ..., ttft_p99_seconds: _Optional[float] = ..., itl_p50_seconds: _Optional[float] = ..., itl_p99_seconds: _Optional[float] = ..., gate_wait_p99_seconds: _Optional[float] = ..., gate_wait_p99_rounds: _Optional[float] = ..., extend_round_share: _Optional[float] = ..., ranks_extending_per_window: _Optional[float] = ..., windows_any: _Optional[int] = ..., windows_all: _Optional[int] = ..., requests_submitted: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., requests_refused: _Optional[int] = ..., output_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., records_dropped: _Optional[int] = ..., trace_spans_dropped: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+    prompt_tokens: int
+    prefix_hit_requests: int
+    prefix_hit_tokens: int
+    prefix_hit_share: float
+    def __init__(self, rounds: _Optional[int] = ..., rounds_per_second: _Optional[float] = ..., output_tokens_per_second: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ..., ttft_p99_seconds: _Optional[float] = ..., itl_p50_seconds: _Optional[float] = ..., itl_p99_seconds: _Optional[float] = ..., gate_wait_p99_seconds: _Optional[float] = ..., gate_wait_p99_rounds: _Optional[float] = ..., extend_round_share: _Optional[float] = ..., ranks_extending_per_window: _Optional[float] = ..., windows_any: _Optional[int] = ..., windows_all: _Optional[int] = ..., requests_submitted: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., requests_refused: _Optional[int] = ..., output_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., records_dropped: _Optional[int] = ..., trace_spans_dropped: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., prefix_hit_requests: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_hit_share: _Optional[float] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("run_id", "dp_size", "executor", "state", "latest", "config", "stats", "history_first_round", "history_last_round")

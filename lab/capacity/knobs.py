@@ -1,0 +1,171 @@
+"""Each policy's own knobs: the settings the capacity lab sweeps, and how a setting becomes a runnable policy.
+
+A setting (`Knobs`) is a sorted tuple of (name, value) pairs, hashable and picklable. Per policy a `KnobSpace`
+lists its knobs' ladders (the values worth trying, in order), the coarse grid the full run starts from, the
+smaller grid of `--quick`, and the upstream default (tried first). `refine(knobs)` gives the neighbours of a
+setting: each knob one rung up or down its ladder, so the full run can walk from the best coarse setting
+towards a better one.
+
+The knobs and their upstream defaults (each module in `engine/policies/` cites its source):
+
+- gate: A (`--prefill-attempt-interval`) and K (`--prefill-any-attempt-interval`), K >= A (C2).
+- local-interval: N (`--prefill-decode-interval`).
+- sglang-delayer: `max_delay_passes` (30).
+- atom-coalescer: `target_fill` (0.9) and `stall_ticks` (10); `max_queue_ms` too where the policy takes it
+  (ATOM's wall-clock queue guard, off by default upstream).
+- vllm-cadence: `interval` (`--prefill-schedule-interval`; 1 is vLLM's default, off; #44558 recommends 2).
+- trtllm-balance: `timeout_iters` (50) and `batching_wait_iters` (10).
+- ungated, and any policy registered later without a space here: no knobs (one setting, its defaults).
+
+To give a new policy knobs: add its `KnobSpace` to `SPACES` (its knob names are keyword arguments of its
+factory in `engine.policies.registry`, unless `configure` maps them to server arguments as for the gate).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import product
+
+from engine.config import PrefillDelay, ServerArgs
+from engine.policies.registry import POLICIES, make_policy, policy_args
+from engine.policy import PrefillPolicy
+
+Knobs = tuple[tuple[str, float], ...]
+PolicyFactory = Callable[[int, ServerArgs], PrefillPolicy]
+
+
+def knobs(**values: float) -> Knobs:
+    """A setting from keyword values, sorted by name."""
+    return tuple(sorted(values.items()))
+
+
+def describe(setting: Knobs) -> str:
+    """`A=8 K=32`, or `defaults` for no knobs."""
+    return " ".join(f"{name}={value:g}" for name, value in setting) or "defaults"
+
+
+@dataclass(frozen=True)
+class KnobSpace:
+    """One policy's knobs (module docstring). `valid` rejects combinations that do not make sense (K < A)."""
+
+    ladders: tuple[tuple[str, tuple[float, ...]], ...]
+    default: Knobs
+    coarse: tuple[Knobs, ...]
+    quick: tuple[Knobs, ...]
+    valid: Callable[[Knobs], bool] = lambda setting: True
+
+    def grid(self, quick: bool) -> tuple[Knobs, ...]:
+        """The settings a search starts from: the upstream default first, then the coarse grid; `--quick` takes
+        its own short list as it is (it may leave the default out)."""
+        if quick:
+            return self.quick or (self.default,)
+        return (self.default, *(s for s in self.coarse if s != self.default))
+
+    def refine(self, setting: Knobs) -> tuple[Knobs, ...]:
+        """Every valid setting one rung away from `setting` on one knob's ladder."""
+        values = dict(setting)
+        out: list[Knobs] = []
+        for name, ladder in self.ladders:
+            if values.get(name) not in ladder:
+                continue
+            at = ladder.index(values[name])
+            for step in (-1, 1):
+                if 0 <= at + step < len(ladder):
+                    neighbour = knobs(**{**values, name: ladder[at + step]})
+                    if self.valid(neighbour) and neighbour not in out:
+                        out.append(neighbour)
+        return tuple(out)
+
+
+def _gate_valid(setting: Knobs) -> bool:
+    values = dict(setting)
+    return values["A"] <= values["K"]
+
+
+def _atom_space() -> KnobSpace:
+    ladders: list[tuple[str, tuple[float, ...]]] = [
+        ("stall_ticks", (1, 3, 10, 30)),
+        ("target_fill", (0.1, 0.3, 0.6, 0.9)),
+    ]
+    default = {"stall_ticks": 10, "target_fill": 0.9}
+    coarse = [knobs(stall_ticks=s, target_fill=f) for f, s in product((0.3, 0.6, 0.9), (3, 10))]
+    quick = [knobs(stall_ticks=3, target_fill=0.3), knobs(**default)]
+    if "max_queue_ms" in inspect.signature(POLICIES["atom-coalescer"]).parameters:
+        # ATOM's queue guard: off upstream (None); swept where the policy models it.
+        ladders.append(("max_queue_ms", (0, 250, 500, 1000)))
+        default["max_queue_ms"] = 0
+        coarse = [knobs(**dict(s), max_queue_ms=q) for s in coarse for q in (0, 500)]
+        quick = [knobs(**dict(s), max_queue_ms=500) for s in quick]
+    return KnobSpace(tuple(ladders), knobs(**default), tuple(coarse), tuple(quick))
+
+
+SPACES: dict[str, KnobSpace] = {
+    "ungated": KnobSpace((), (), (), ()),
+    "gate": KnobSpace(
+        (("A", (1, 2, 4, 8, 16, 32)), ("K", (2, 4, 8, 16, 32, 64, 128))),
+        knobs(A=8, K=32),
+        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (2, 4), (2, 8), (4, 16), (8, 32), (16, 64))),
+        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (4, 16))),
+        _gate_valid,
+    ),
+    "local-interval": KnobSpace(
+        (("N", (1, 2, 4, 8, 16)),), knobs(N=4), (knobs(N=2), knobs(N=8)), (knobs(N=2), knobs(N=4))
+    ),
+    "sglang-delayer": KnobSpace(
+        (("max_delay_passes", (2, 5, 10, 30, 60, 120)),),
+        knobs(max_delay_passes=30),
+        (knobs(max_delay_passes=5), knobs(max_delay_passes=10), knobs(max_delay_passes=60)),
+        (knobs(max_delay_passes=5), knobs(max_delay_passes=30)),
+    ),
+    "atom-coalescer": _atom_space(),
+    "vllm-cadence": KnobSpace(
+        (("interval", (1, 2, 3, 4, 8)),),
+        knobs(interval=2),
+        (knobs(interval=1), knobs(interval=4)),
+        (knobs(interval=2), knobs(interval=1)),
+    ),
+    "trtllm-balance": KnobSpace(
+        (("batching_wait_iters", (0, 2, 5, 10, 20)), ("timeout_iters", (5, 10, 20, 50, 100))),
+        knobs(batching_wait_iters=10, timeout_iters=50),
+        tuple(knobs(batching_wait_iters=w, timeout_iters=t) for t, w in ((20, 5), (10, 0), (100, 20))),
+        (knobs(batching_wait_iters=0, timeout_iters=10), knobs(batching_wait_iters=10, timeout_iters=50)),
+    ),
+}
+
+_NONE = KnobSpace((), (), (), ())
+
+
+def space_of(policy: str) -> KnobSpace:
+    """The policy's knob space; a registered policy without one has no knobs."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known policies: {', '.join(POLICIES)}")
+    return SPACES.get(policy, _NONE)
+
+
+def _int_if_whole(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def configure(policy: str, setting: Knobs, base: ServerArgs) -> tuple[ServerArgs, PolicyFactory]:
+    """Server arguments and a per-rank policy factory for `policy` at `setting` (ValueError on a bad one)."""
+    values = {name: _int_if_whole(value) for name, value in setting}
+    if policy == "gate":
+        args = policy_args("gate", base, prefill_delay=PrefillDelay(int(values["A"]), int(values["K"])))
+        return args, lambda rank, rank_args: make_policy("gate", rank_args, rank)
+    if policy == "local-interval":
+        args = policy_args(policy, base, decode_interval=int(values["N"]))
+        return args, lambda rank, rank_args: make_policy(policy, rank_args, rank)
+    if policy == "atom-coalescer" and values.get("max_queue_ms") == 0:
+        values["max_queue_ms"] = None  # 0 on the ladder is the guard switched off, as upstream
+    args = policy_args(policy, base)
+    make_policy(policy, args, 0, **values)  # fail here, once, on a bad setting
+    return args, lambda rank, rank_args: make_policy(policy, rank_args, rank, **values)
+
+
+def settings_of(policy: str, quick: bool, extra: Sequence[Knobs] = ()) -> tuple[Knobs, ...]:
+    """The policy's starting grid plus `extra` settings, without repeats."""
+    out = list(space_of(policy).grid(quick))
+    out += [setting for setting in extra if setting not in out]
+    return tuple(out)

@@ -1,0 +1,135 @@
+"""The capacity lab's tasks: one (target, policy) pair per task, in worker processes, results in task order.
+
+A task searches the policy at its best on one target under the main SLO (refining its knobs in a full run),
+then, for the frontier chart, under each extra TTFT bound (the coarse grid only), and in a full run probes its
+best setting at fractions of the capacity so the TTFT-against-load curve has points below the knee. Every
+search of a task shares one `Searcher`, so no (setting, load) is simulated twice. Tasks are independent and
+deterministic: `run_tasks` gives the same results whatever `jobs` is; only wall times differ.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+
+from engine.executor.presets import CostPreset, preset_named
+from lab.capacity.knobs import Knobs, settings_of
+from lab.capacity.probe import Probe, Slo, verdict
+from lab.capacity.search import Capacity, Searcher, best_capacity
+from lab.capacity.targets import TargetSpec, target_of
+
+# Fractions of the capacity at which a full run adds points to the TTFT-against-load curve.
+CURVE_FRACTIONS = (0.5, 0.75)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One (target, policy) pair and how to search it; picklable."""
+
+    spec: TargetSpec
+    policy: str
+    preset: str
+    slo: Slo
+    frontier: tuple[float, ...] = ()
+    quick: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One probe of the best setting: offered req/s, TTFT p99 (raw and net of idle prefill), ITL p99, verdict."""
+
+    load: float
+    offered_rps: float
+    ttft_p99_s: float | None
+    ttft_excess_p99_s: float | None
+    itl_p99_s: float | None
+    held: bool | None
+    cut_short: str | None
+
+
+@dataclass(frozen=True)
+class Result:
+    """A task's outcome: the capacity under the main SLO, the capacity under each frontier bound (with its
+    setting), the best setting's curve, and what it cost."""
+
+    task: Task
+    what: str
+    load_unit: str
+    main: Capacity
+    frontier: tuple[tuple[float, float | None, Knobs | None], ...]
+    curve: tuple[CurvePoint, ...]
+    runs: int
+    wall_seconds: float
+
+
+@cache
+def _preset(name: str) -> CostPreset:
+    return preset_named(name)
+
+
+def run_task(task: Task) -> Result:
+    """Search one pair (module docstring)."""
+    started = time.perf_counter()
+    target = target_of(task.spec)
+    searcher = Searcher(target, task.policy, _preset(task.preset), quick=task.quick)
+    grid = settings_of(task.policy, task.quick)
+    frontier: list[tuple[float, float | None, Knobs | None]] = []
+    # Looser bounds first: their cut-short probes stay valid failures for the stricter ones.
+    for bound in sorted(set(task.frontier) - {task.slo.ttft_p99_s}, reverse=True):
+        found = best_capacity(searcher, grid, Slo(bound, task.slo.itl_p99_s), goodput=False)
+        frontier.append((bound, found.capacity_rps if found.capacity > 0 else 0.0, found.knobs))
+    main = best_capacity(searcher, grid, task.slo, refine=not task.quick)
+    frontier.append((task.slo.ttft_p99_s, main.capacity_rps if main.capacity > 0 else 0.0, main.knobs))
+    if main.knobs is not None and main.capacity > 0 and not task.quick:
+        for fraction in CURVE_FRACTIONS:
+            searcher.probe(main.knobs, main.capacity * fraction, task.slo)
+    curve = tuple(_point(target.offered_rps, probe, task.slo) for probe in searcher.curve(main.knobs or ()))
+    return Result(
+        task=task,
+        what=target.what,
+        load_unit=target.load_unit,
+        main=main,
+        frontier=tuple(sorted(frontier)),
+        curve=curve,
+        runs=searcher.runs,
+        wall_seconds=time.perf_counter() - started,
+    )
+
+
+def _point(offered, probe: Probe, slo: Slo) -> CurvePoint:
+    rps = offered(probe.load)
+    return CurvePoint(
+        load=probe.load,
+        offered_rps=rps if rps is not None else probe.offered_rps,
+        ttft_p99_s=probe.ttft_p99_s,
+        ttft_excess_p99_s=probe.ttft_excess_p99_s,
+        itl_p99_s=probe.itl_p99_s,
+        held=verdict(probe, slo),
+        cut_short=probe.cut_short,
+    )
+
+
+def run_tasks(tasks: Sequence[Task], jobs: int = 1) -> list[Result]:
+    """Every task; results in the order of `tasks` whatever `jobs` is."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if jobs == 1 or len(tasks) <= 1:
+        return [run_task(task) for task in tasks]
+    # Longest first keeps both workers busy to the end; results are put back in task order.
+    order = sorted(range(len(tasks)), key=lambda i: -_cost_guess(tasks[i]))
+    # spawn, not fork: a forked worker can inherit a lock held by another thread of the parent.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
+        done = dict(zip(order, pool.map(run_task, [tasks[i] for i in order], chunksize=1), strict=True))
+    return [done[i] for i in range(len(tasks))]
+
+
+def _cost_guess(task: Task) -> float:
+    """Rough relative cost of a task: grid size times how long its target's runs are."""
+    heavy = {"long-osl": 4.0, "kv-pressure": 2.5, "osl-variance": 2.0}
+    weight = 3.0 if task.spec.kind == "trace" else heavy.get(task.spec.name, 1.0)
+    return weight * len(settings_of(task.policy, task.quick)) * (1 + len(task.frontier))
