@@ -4,7 +4,11 @@ The tuner sees what a real client sees: each round's record converted to `prefil
 contract's own converter (`prefill_gate.convert`), with the round's latency samples attached as the
 controller attaches them (here exactly: every rank's outcome of the round is at hand), and who made each
 config. Its proposals reach rank 0 as the controller's do (`driver.propose`), so every rank adopts them
-on one round (G1); a proposal is "accepted" like `UpdateIntervals` with `expected_epoch`.
+on one round (G1); a proposal is accepted like `UpdateIntervals` with `expected_epoch`.
+
+`TunerClient` is that client for one run (`run_sim`'s `on_start` / `on_round`, plus a workload wrapper for
+the arrival times TTFT is measured from); `AutotunedGate` is the policy the capacity lab and `run_autotuned`
+run: the gate on every rank, started at (A, K), and a fresh `TunerClient` per run.
 """
 
 from __future__ import annotations
@@ -16,16 +20,23 @@ from typing import Any
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.lockstep import LockstepDriver
 from engine.metrics import Summary
+from engine.policies.registry import make_policy, policy_args
+from engine.policy import PrefillPolicy
 from engine.rank import RoundOutcome
 from engine.record import RoundRecord
-from engine.request import FirstToken, RequestSpec
+from engine.request import Finished, FirstToken, Refused, RequestSpec
 from lab.simrun import SimExtra, run_sim
 from prefill_gate.convert import Origin, round_record
-from tuner.core import TUNER, Proposal, Tuner, TunerSettings
+from tuner.core import LAUNCH, TUNER, Proposal, Tuner, TunerSettings
 from tuner.law import Slo
 from workloads import Workload
 
+AUTOTUNE = "gate-autotune"
 RUN_ID = "lab"
+# The lab's probes measure after a warm-up of 6-20 simulated seconds: the tuner gets a shorter dwell and
+# window and a looser change cap than its live defaults (the same flags `tune` takes), so that it can settle
+# before the measurement starts; the law is the same.
+LAB_TUNING = TunerSettings(window_s=10.0, min_rounds=100, min_ttft_samples=20, dwell_rounds=100, max_changes_per_min=12)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +52,7 @@ class Change:
 
 @dataclass
 class AutotuneRun:
-    """What an autotuned run did besides its summary: every change and the records' config epochs."""
+    """What an autotuned run did: every change, every adoption, the intervals at the end."""
 
     changes: list[Change] = field(default_factory=list)
     adoptions: list[tuple[int, float, int]] = field(default_factory=list)  # (round, engine clock, epoch) adopted
@@ -51,54 +62,63 @@ class AutotuneRun:
 class _ArrivalTap:
     """The workload, remembering each request's arrival (the TTFT origin the controller keeps)."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, arrivals: dict[str, float]) -> None:
         self._workload = workload
-        self.arrivals: dict[str, float] = {}
+        self._arrivals = arrivals
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._workload, name)
 
-    def due(self, now: float, loads: list[int] | None = None) -> list[tuple[int, RequestSpec]]:
+    def due(self, now: float, loads: Sequence[int] | None = None) -> list[tuple[int, RequestSpec]]:
         due = self._workload.due(now, loads)
         for _, spec in due:
-            self.arrivals[spec.rid] = spec.arrival
+            self._arrivals[spec.rid] = spec.arrival
         return due
 
 
-class _TunerHook:
-    """Records to the tuner as a client reads them; its proposals to rank 0 as the controller sends them."""
+class TunerClient:
+    """The tuner as a client of one simulated run (module docstring)."""
 
-    def __init__(self, tuner: Tuner, args: ServerArgs, tap: _ArrivalTap) -> None:
+    def __init__(self, tuner: Tuner, start: PrefillDelay | None, on_record: Any = None) -> None:
         self.tuner = tuner
-        self.tap = tap
         self.driver: LockstepDriver | None = None
-        delay = args.prefill_delay
-        launch = f"A={delay.attempt_interval} K={delay.any_interval}" if delay else "gate off"
-        self.origins: dict[int, Origin] = {0: Origin("launch", f"launch: startup flags, {launch}")}
+        self.arrivals: dict[str, float] = {}
+        launch = f"A={start.attempt_interval} K={start.any_interval}" if start else "gate off"
+        self.origins: dict[int, Origin] = {0: Origin(LAUNCH, f"{LAUNCH}: startup flags, {launch}")}
         self.epoch = 0
-        self.run = AutotuneRun()
+        self.run = AutotuneRun(final=(start.attempt_interval, start.any_interval) if start else (None, None))
+        self.on_record = on_record  # sees every record the tuner reads (tests)
+
+    def wrap(self, workload: Workload) -> Workload:
+        """`workload`, noting arrivals for TTFT."""
+        return _ArrivalTap(workload, self.arrivals)  # type: ignore[return-value]
 
     def start(self, driver: LockstepDriver) -> None:
+        """`run_sim`'s `on_start`: the driver whose rank 0 takes the proposals."""
         self.driver = driver
 
     def on_round(self, record: RoundRecord, outcomes: Sequence[RoundOutcome]) -> None:
-        arrivals = self.tap.arrivals
-        ttft = tuple(
-            event.time - arrivals.pop(event.rid)
-            for outcome in outcomes
-            for event in outcome.events
-            if isinstance(event, FirstToken) and event.rid in arrivals
-        )
+        """`run_sim`'s `on_round`: the record as a client reads it, then the tuner's proposal, if any."""
+        arrivals = self.arrivals
+        ttft: list[float] = []
+        for outcome in outcomes:
+            for event in outcome.events:
+                if isinstance(event, FirstToken) and event.rid in arrivals:
+                    ttft.append(event.time - arrivals[event.rid])
+                elif isinstance(event, Finished | Refused):
+                    arrivals.pop(event.rid, None)
         itl = tuple(sample for outcome in outcomes for sample in outcome.itl)
-        message = round_record(replace(record, ttft=ttft, itl=itl), RUN_ID, self.origins.get)
+        message = round_record(replace(record, ttft=tuple(ttft), itl=itl), RUN_ID, self.origins.get)
         if record.adopted_epoch:
             self.run.adoptions.append((record.round, record.clock, record.adopted_epoch))
+        if self.on_record is not None:
+            self.on_record(message)
         proposal = self.tuner.observe(message)
         if proposal is not None:
-            self._apply(proposal)
+            self._accept(proposal)
 
-    def _apply(self, proposal: Proposal) -> None:
-        """`UpdateIntervals` with expected_epoch: accepted (the only writer here), proposed to rank 0."""
+    def _accept(self, proposal: Proposal) -> None:
+        """`UpdateIntervals` with expected_epoch: validated (C2 holds by construction), proposed to rank 0."""
         assert self.driver is not None
         if proposal.expected_epoch != self.epoch:
             self.tuner.settle(proposal, f"expected epoch {proposal.expected_epoch}, current {self.epoch}")
@@ -109,7 +129,30 @@ class _TunerHook:
         delay = PrefillDelay(target.attempt, target.any) if target.enabled else None  # type: ignore[arg-type]
         self.driver.propose(self.epoch, delay)
         self.run.changes.append(Change(proposal.round, self.epoch, target.attempt, target.any, proposal.reason))
+        self.run.final = (target.attempt, target.any)
         self.tuner.settle(proposal)
+
+
+class AutotunedGate:
+    """`gate-autotune`: the gate's policy on every rank, started at `start`, and a tuner per run."""
+
+    name = AUTOTUNE
+
+    def __init__(self, start: PrefillDelay, settings: TunerSettings | None = None) -> None:
+        self.start = start
+        self.settings = settings
+
+    def __call__(self, rank: int, args: ServerArgs) -> PrefillPolicy:
+        return make_policy("gate", args, rank)
+
+    def args(self, base: ServerArgs) -> ServerArgs:
+        """`base` with the gate on at the start intervals."""
+        return policy_args("gate", base, prefill_delay=self.start)
+
+    def client(self, ttft_p99_s: float, itl_p99_s: float, on_record: Any = None) -> TunerClient:
+        """A fresh tuner for one run, aiming at this SLO."""
+        tuner = Tuner(Slo(ttft_p99_s, itl_p99_s), self.settings)
+        return TunerClient(tuner, self.start, on_record)
 
 
 def run_autotuned(
@@ -120,24 +163,18 @@ def run_autotuned(
     *,
     rounds: int | None = None,
     duration: float | None = None,
+    on_record: Any = None,
     **sim: Any,
 ) -> tuple[Summary, SimExtra, AutotuneRun]:
     """`run_sim` with the tuner moving the gate's intervals from the ones `args` starts with."""
-    tap = _ArrivalTap(workload)
-    hook = _TunerHook(Tuner(slo, settings), args, tap)
+    client = TunerClient(Tuner(slo, settings), args.prefill_delay, on_record)
     summary, extra = run_sim(
         args,
-        tap,  # type: ignore[arg-type]
+        client.wrap(workload),
         rounds=rounds,
         duration=duration,
-        on_round=hook.on_round,
-        on_start=hook.start,
+        on_round=client.on_round,
+        on_start=client.start,
         **sim,
     )
-    last = hook.run.changes[-1] if hook.run.changes else None
-    delay = args.prefill_delay
-    if last is not None:
-        hook.run.final = (last.attempt, last.any)
-    elif delay is not None:
-        hook.run.final = (delay.attempt_interval, delay.any_interval)
-    return summary, extra, hook.run
+    return summary, extra, client.run

@@ -11,7 +11,9 @@ from tuner.law import Intervals, Slo
 
 SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.2)
 ROUND_S = 0.03
-FAST = TunerSettings(min_rounds=50, min_ttft_samples=20, min_itl_tokens=100, dwell_rounds=100, evaluate_every=1)
+FAST = TunerSettings(
+    min_span=0, min_rounds=50, min_ttft_samples=20, min_itl_tokens=100, dwell_rounds=100, evaluate_every=1
+)
 
 
 def config(
@@ -50,9 +52,10 @@ def feed(tuner: Tuner, rounds: range, conf: pb.GateConfig, **kw: object) -> list
 
 
 def test_no_change_while_the_estimates_are_noisy_then_one_with_its_reason():
-    tuner = Tuner(SLO, TunerSettings(min_rounds=200, min_ttft_samples=20, min_itl_tokens=100, dwell_rounds=10))
+    settings = TunerSettings(min_span=0.2, min_rounds=200, min_ttft_samples=20, min_itl_tokens=100, dwell_rounds=10)
+    tuner = Tuner(SLO, settings)
     assert feed(tuner, range(0, 150), config()) == []
-    assert tuner.status == "gathering estimates: 150/200 rounds"
+    assert tuner.status == "gathering estimates: 4.5/6 seconds, 150/200 rounds"  # 150 rounds of 30 ms
     [(at, proposal)] = feed(tuner, range(150, 201), config())
     assert at == 199 and proposal.expected_epoch == 0 and proposal.target == Intervals(4, 32)
     assert proposal.reason.startswith("tuner: ITL p99 300 ms > 200 ms budget") and proposal.reason.endswith("A 8->4")
@@ -68,7 +71,10 @@ def test_one_change_in_flight_then_a_dwell_under_the_new_config():
     assert feed(tuner, range(310, 409), adopted) == []  # dwell: 100 rounds under the new config
     assert tuner.status.startswith("dwelling: the config in force since round 310")
     [(at, second)] = feed(tuner, range(409, 420), adopted)
-    assert at == 410 and second.expected_epoch == 1 and second.target == Intervals(2, 32)
+    assert at == 410 and second.expected_epoch == 1
+    # The ITL p99 did not move (300 ms before and after): smaller windows did not help, so the other way.
+    assert second.target == Intervals(8, 64)
+    assert "it went 300 -> 300 ms after the last change toward smaller windows: the other way" in second.reason
 
 
 def test_a_refused_change_frees_the_tuner_and_says_why():

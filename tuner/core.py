@@ -10,8 +10,8 @@ What it guards, so that the law only ever sees steady estimates of the config in
 - a gap in the stream (a dropped record, a skipped round) restarts the window;
 - a new config in force restarts the window and starts a dwell of `dwell_rounds`;
 - a change made by anyone else (an operator) holds the tuner for `respect_manual_s` engine seconds;
-- estimates count only once the window holds `min_rounds` rounds (or spans the whole `window_s`),
-  `min_ttft_samples` first tokens and `min_itl_tokens` decode tokens;
+- estimates count only once the window spans `min_span` of `window_s` and holds `min_rounds` rounds (or
+  spans the whole `window_s`), `min_ttft_samples` first tokens and `min_itl_tokens` decode tokens;
 - at most `max_changes_per_min` of its own changes in any 60 engine seconds;
 - one proposal in flight at a time: nothing new until the records show it adopted, or the runner
   says it failed.
@@ -24,10 +24,14 @@ from dataclasses import dataclass, field
 
 from prefill_gate.v1 import types_pb2 as pb
 from tuner.estimates import Estimates, Window, facts_of
-from tuner.law import Intervals, LawSettings, Slo, decide
+from tuner.law import FEWER, SMALLER, Intervals, LawSettings, Memory, Slo, decide
 
 TUNER = "tuner"
 LAUNCH = "launch"
+# How long a K at which a budget broke keeps slack from growing K back to it (engine seconds).
+BROKE_MEMORY_S = 120.0
+# An ITL change that did not bring the p99 below this share of where it was counts as no help.
+HELPED = 0.97
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class TunerSettings:
     """The guards around the law (module docstring); the law's own constants in `law`."""
 
     window_s: float = 30.0
+    min_span: float = 0.5  # the window must span this share of window_s: a burst or a lull is not a trend
     min_rounds: int = 200
     min_ttft_samples: int = 40
     min_itl_tokens: int = 2000
@@ -47,6 +52,8 @@ class TunerSettings:
     def __post_init__(self) -> None:
         if not self.window_s > 0:
             raise ValueError(f"window_s must be > 0, got {self.window_s}")
+        if not 0 <= self.min_span <= 0.9:
+            raise ValueError(f"min_span must be in [0, 0.9], got {self.min_span}")
         for name in ("min_rounds", "dwell_rounds", "evaluate_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -93,6 +100,8 @@ class Tuner:
         self._config_round = 0
         self._manual_until = float("-inf")
         self._since_look = 0
+        self._itl_change: tuple[str, float] | None = None  # (way, ITL p99 then) of the last ITL change
+        self._broke: tuple[int, float] | None = None  # (K, engine clock) where a budget last broke
 
     # -- inputs ------------------------------------------------------------------------------------
 
@@ -123,6 +132,7 @@ class Tuner:
         if self.pending is not proposal or error is None:
             return
         self.pending = None
+        self._itl_change = None  # it never happened
         self.status = f"change refused: {error}"
 
     def dry_run_done(self, proposal: Proposal) -> None:
@@ -141,6 +151,7 @@ class Tuner:
         self._adopt_config(config, self._last_round or 0, self._clock())
         if self.pending is proposal:
             self.pending = None
+        self._itl_change = None  # the change it remembered never happened
         if self._manual_until > self._clock():
             return None
         return self._decide(proposal.round, config)
@@ -169,6 +180,8 @@ class Tuner:
         self._last_round = None
         self._manual_until = float("-inf")
         self._since_look = 0
+        self._itl_change = None
+        self._broke = None
         self._note(f"new run {run_id}: estimates reset" if had else f"run {run_id}: gathering estimates")
 
     def _clock(self) -> float:
@@ -191,7 +204,9 @@ class Tuner:
             self.pending = None  # adopted (or overtaken): either way it is no longer in flight
         if config.changed_by == self.name:
             self.changes.append(clock)
-        elif config.changed_by not in (LAUNCH, ""):  # found in force when the tuner joined: respected too
+            return
+        self._itl_change = None  # what follows is not the effect of a change of its own
+        if config.changed_by not in (LAUNCH, ""):  # found in force when the tuner joined: respected too
             self._manual_until = clock + self.settings.respect_manual_s
             self._note(
                 f"{config.changed_by or 'someone'} changed the config to {intervals_of(config)} at round {round_}: "
@@ -219,8 +234,9 @@ class Tuner:
         self.last_estimates = est
         full = est.span_s >= 0.9 * s.window_s  # a full window counts whatever its rounds (slow rounds)
         short = [
-            f"{have}/{need} {what}"
+            f"{have:g}/{need:g} {what}"
             for what, have, need in (
+                ("seconds", round(est.span_s, 1), s.min_span * s.window_s),
                 ("rounds", est.rounds, 0 if full else s.min_rounds),
                 ("first tokens", est.ttft_samples, s.min_ttft_samples),
                 ("decode tokens", est.itl_tokens, s.min_itl_tokens),
@@ -237,9 +253,29 @@ class Tuner:
         est = self.last_estimates
         if est is None:
             return None
-        verdict = decide(est, intervals_of(config), self.slo, self.settings.law)
+        verdict = decide(est, intervals_of(config), self.slo, self.settings.law, self._memory(est, config))
         if verdict.target is None:
             self.status = verdict.reason
             return None
+        if verdict.way is not None and est.itl_p99_s is not None:
+            self._itl_change = (verdict.way, est.itl_p99_s)
         self.pending = Proposal(verdict.target, config.epoch, f"{self.name}: {verdict.reason}", round_)
         return self.pending
+
+    def _memory(self, est: Estimates, config: pb.GateConfig) -> Memory:
+        """What earlier changes taught: which way answers ITL here, and a K not to grow back to."""
+        clock = self._clock()
+        ttft, itl = est.ttft_p99_s or 0.0, est.itl_p99_s or 0.0
+        if config.enabled and (ttft > self.slo.ttft_p99_s or itl > self.slo.itl_p99_s):
+            k = config.any_interval
+            if self._broke is None or clock - self._broke[1] > BROKE_MEMORY_S or k <= self._broke[0]:
+                self._broke = (k, clock)
+        grow_below = self._broke[0] if self._broke and clock - self._broke[1] <= BROKE_MEMORY_S else None
+        if self._itl_change is None or itl <= self.slo.itl_p99_s:
+            return Memory(grow_below=grow_below)
+        way, before = self._itl_change
+        change = f"{before * 1e3:.0f} -> {itl * 1e3:.0f} ms after the last change toward {way}"
+        if itl < HELPED * before:
+            return Memory(way, f"it went {change}", grow_below)
+        other = FEWER if way == SMALLER else SMALLER
+        return Memory(other, f"it went {change}: the other way", grow_below)

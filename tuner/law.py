@@ -12,9 +12,14 @@ the order they are tried (docs/autotune.md gives the reasons):
    (and at A=1 nothing is left for the gate to give: hold).
 4. ITL over budget: when an extend round of one prompt would fit the budget, smaller windows (A, then
    K, halved) make every extend round short; when even one prompt's round is too long, fewer extend
-   rounds (K and A up) is the only way, as far as the TTFT budget allows.
-5. both within budget: at low load (the ALL point rarely finds every rank ready) halve A towards 1; with
-   room on both percentiles, K up towards the TTFT target (more batching, fewer extend rounds).
+   rounds (K and A up) is the only way, as far as the TTFT budget allows. Prompts that come in bursts can
+   defeat that model (a burst makes long rounds whatever the window): the tuner then remembers which way
+   its last ITL change moved the p99 and keeps or reverses it (`Memory`).
+5. both within budget: at low load (the ALL point rarely finds every rank ready) with TTFT past the slack
+   mark, halve A towards 1 (the ALL point's wait is then the TTFT it costs; with TTFT slack, A is left
+   alone, since bursts that reach every rank at once are batched by it); with
+   room on both percentiles (and some prefill in the window to judge by), K up towards the TTFT target
+   (more batching, fewer extend rounds), but never back to a K where a budget broke recently.
 
 Every interval moves by at most `max_step` x per change, and C2 holds: K >= A >= 1.
 """
@@ -86,15 +91,37 @@ class LawSettings:
             raise ValueError(f"max_interval must be >= 1, got {self.max_interval}")
 
 
+SMALLER = "smaller windows"
+FEWER = "fewer extend rounds"
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What the tuner learnt from its own earlier changes (the law itself keeps nothing).
+
+    `itl_way`: the way (SMALLER or FEWER) to answer an ITL over budget, with `itl_why`, when an earlier
+    change showed which one works (None: the law asks its model); `grow_below`: a K at which a budget broke
+    recently, which slack never grows K back to.
+    """
+
+    itl_way: str | None = None
+    itl_why: str = ""
+    grow_below: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """What the law wants: new intervals (None: keep those in force) and why, in one line."""
+    """What the law wants: new intervals (None: keep those in force) and why, in one line; `way` names the
+    ITL rule's direction when that rule decided."""
 
     target: Intervals | None
     reason: str
+    way: str | None = None
 
 
-def decide(est: Estimates, now: Intervals, slo: Slo, law: LawSettings = LawSettings()) -> Verdict:
+def decide(
+    est: Estimates, now: Intervals, slo: Slo, law: LawSettings = LawSettings(), memory: Memory = Memory()
+) -> Verdict:
     """The law (module docstring). `est` must hold latency samples (the caller's noise guard)."""
     t = est.decode_round_s
     if t is None or t <= 0:
@@ -147,24 +174,30 @@ def decide(est: Estimates, now: Intervals, slo: Slo, law: LawSettings = LawSetti
     if itl > slo.itl_p99_s:
         why = f"{itl_text} > {_ms(slo.itl_p99_s)} budget"
         one = est.one_prompt_extend_s
-        if one is None or one <= law.target * slo.itl_p99_s:
+        way = memory.itl_way
+        if way is None:
+            way = SMALLER if one is None or one <= law.target * slo.itl_p99_s else FEWER
             size = f"{_ms(one)}" if one is not None else "an unknown time"
-            why += f", an extend round of one prompt takes {size}: smaller windows"
-            if a > 1:
-                return _verdict(now, Intervals(_step(a, a // 2, law), k), why, law)
-            return _verdict(now, Intervals(1, _step(k, max(1, k // 2), law)), why, law)
+            why += f", an extend round of one prompt takes {size}"
+        else:
+            why += f", {memory.itl_why}"
         room = min(math.floor(k_room), budget_rounds, law.max_interval)
-        if room > k:
+        if way == FEWER and room > k:
             new_k = _step(k, room, law)
-            why += f", every extend round takes over {_ms(law.target * slo.itl_p99_s)}: fewer extend rounds"
-            return _verdict(now, Intervals(min(_step(a, a * 2, law), new_k), new_k), why, law)
-        return Verdict(None, f"{why}, and the TTFT budget leaves no room for fewer extend rounds")
+            return _verdict(now, Intervals(min(_step(a, a * 2, law), new_k), new_k), f"{why}: {FEWER}", law, FEWER)
+        if way == FEWER:
+            return Verdict(None, f"{why}, but the TTFT budget leaves no room for fewer extend rounds")
+        if a > 1:
+            return _verdict(now, Intervals(_step(a, a // 2, law), k), f"{why}: {SMALLER}", law, SMALLER)
+        return _verdict(now, Intervals(1, _step(k, max(1, k // 2), law)), f"{why}: {SMALLER}", law, SMALLER)
 
-    if est.ready_share < law.low_ready_share and a > 1:
+    if est.ready_share < law.low_ready_share and a > 1 and ttft >= law.slack * slo.ttft_p99_s:
         why = f"low load (every decoding rank ready on {est.ready_share:.0%} of rounds): open the ALL point sooner"
         return _verdict(now, Intervals(_step(a, a // 2, law), k), why, law)
-    if ttft < law.slack * slo.ttft_p99_s and itl < law.slack * slo.itl_p99_s:
+    if ttft < law.slack * slo.ttft_p99_s and itl < law.slack * slo.itl_p99_s and est.extend_share > 0:
         room = min(math.floor(k_room), budget_rounds, law.max_interval)
+        if memory.grow_below is not None:
+            room = min(room, memory.grow_below - 1)  # a budget broke at that K not long ago
         if room > k:
             why = (
                 f"{ttft_text} and {itl_text} under {law.slack:.0%} of their budgets at {round_ms}: "
@@ -174,7 +207,7 @@ def decide(est: Estimates, now: Intervals, slo: Slo, law: LawSettings = LawSetti
     return Verdict(None, f"within budget: {ttft_text} <= {_s(slo.ttft_p99_s)}, {itl_text} <= {_ms(slo.itl_p99_s)}")
 
 
-def _verdict(now: Intervals, target: Intervals, why: str, law: LawSettings) -> Verdict:
+def _verdict(now: Intervals, target: Intervals, why: str, law: LawSettings, way: str | None = None) -> Verdict:
     """A change from `now` to `target` (C2 enforced), with its reason: `why -> K 32->24`."""
     k = _clamp(target.any or 1, 1, law.max_interval)
     a = _clamp(target.attempt or 1, 1, k)
@@ -186,7 +219,7 @@ def _verdict(now: Intervals, target: Intervals, why: str, law: LawSettings) -> V
         for name, old, new in (("A", now.attempt, target.attempt), ("K", now.any, target.any))
         if old != new
     ]
-    return Verdict(target, f"{why} -> {', '.join(moved)}")
+    return Verdict(target, f"{why} -> {', '.join(moved)}", way)
 
 
 def _step(old: int, wanted: int, law: LawSettings) -> int:
