@@ -56,13 +56,23 @@ def test_ttft_over_budget_with_windows_opened_well_before_k_halves_a_too():
 
 
 def test_a_step_is_bounded_and_c2_pulls_a_down_with_k():  # C2: K >= A >= 1
-    verdict = decide(est(ttft_p99_s=5.0), Intervals(24, 32), SLO)
-    assert verdict.target == Intervals(16, 16)  # wanted K < 0: at most a halving per change
+    verdict = decide(est(ttft_p99_s=2.4), Intervals(24, 32), SLO)
+    assert verdict.target == Intervals(16, 16)  # wanted K = 32 - 29 = 3: at most a halving per change
     assert verdict.reason.endswith("-> A 24->16, K 32->16")
 
 
+def test_ttft_over_budget_by_more_than_k_rounds_is_the_queue_and_batches_more():
+    # 5 s - 8 rounds x 41 ms is still 4.7 s over: no K can remove that; fuller extend rounds drain the queue.
+    verdict = decide(est(ttft_p99_s=5.0), Intervals(4, 8), SLO)
+    assert verdict.target == Intervals(8, 8)
+    assert verdict.reason == (
+        "TTFT p99 5.00 s is more than K=8 rounds (0.33 s) over the budget: the queue sets it: "
+        "batch more per window -> A 4->8"
+    )
+
+
 def test_ttft_over_budget_at_k_1_is_the_load_not_the_gate():
-    verdict = decide(est(ttft_p99_s=3.0), Intervals(1, 1), SLO)
+    verdict = decide(est(ttft_p99_s=1.6, decode_round_s=0.5), Intervals(1, 1), SLO)  # within a round of target
     assert verdict.target is None and "the load, not the gate" in verdict.reason
 
 

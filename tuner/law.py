@@ -5,8 +5,9 @@ history (dwell, rate cap, an operator's change, noisy estimates) live in `tuner.
 the order they are tried (docs/autotune.md gives the reasons):
 
 1. gate off: switch it on (A=1, K from the TTFT budget) when ITL is over budget; otherwise keep it off.
-2. overload (waiting prompts grow through the window): batch more per window, A x2 (A=K: both x2,
-   K never past the whole TTFT budget in rounds): extend rounds are what the group cannot afford.
+2. overload (waiting prompts grow through the window, or TTFT is over budget by more than K rounds could
+   account for: the queue's wait, not the gate's): batch more per window, A x2 (A=K: both x2, K never
+   past the whole TTFT budget in rounds): extend rounds are what the group cannot afford.
 3. TTFT over budget: K down through the measured round time, `K + (target*S - p99) / round`; when the
    ALL point opens most windows (a window every < K/2 rounds) A is halved too: its wait is the one paid
    (and at A=1 nothing is left for the gate to give: hold).
@@ -21,7 +22,8 @@ the order they are tried (docs/autotune.md gives the reasons):
    room on both percentiles (and some prefill in the window to judge by), K up towards the TTFT target
    (more batching, fewer extend rounds), but never back to a K where a budget broke recently.
 
-Every interval moves by at most `max_step` x per change, and C2 holds: K >= A >= 1.
+Every interval moves by at most `max_step` x per change, some interval by at least `min_change` (smaller
+moves are noise), and C2 holds: K >= A >= 1.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class LawSettings:
     target: float = 0.8  # aim a percentile at this fraction of its budget
     slack: float = 0.6  # below this fraction of its budget a percentile leaves room to batch more
     max_step: float = 2.0  # an interval moves by at most this factor per change
+    min_change: float = 0.1  # a change that moves no interval by this share (and 1) is noise, not worth it
     max_interval: int = 256
     overload_prompts_per_rank: float = 2.0  # backlog growth through the window that counts as falling behind
     low_ready_share: float = 0.2  # below it the ALL point rarely finds every decoding rank ready: low load
@@ -146,8 +149,14 @@ def decide(
     assert a is not None and k is not None and k_room is not None
 
     threshold = law.overload_prompts_per_rank * max(est.ranks, 1)
-    if est.backlog_growth > threshold:
-        behind = f"waiting prompts grew by {est.backlog_growth:.0f} to {est.waiting_end:.0f} in {est.span_s:.0f} s"
+    # The gate holds a prompt at most about K rounds (the ANY point): TTFT further over budget than that is
+    # the queue's, which fewer, fuller extend rounds drain faster, and which a smaller K would only feed.
+    queued = ttft - k * t > law.target * slo.ttft_p99_s
+    if est.backlog_growth > threshold or (ttft > slo.ttft_p99_s and queued):
+        if est.backlog_growth > threshold:
+            behind = f"waiting prompts grew by {est.backlog_growth:.0f} to {est.waiting_end:.0f} in {est.span_s:.0f} s"
+        else:
+            behind = f"{ttft_text} is more than K={k} rounds ({_s(k * t)}) over the budget: the queue sets it"
         if a < k:
             new_a = _step(a, a * 2, law)
             return _verdict(now, Intervals(min(new_a, k), k), f"{behind}: batch more per window", law)
@@ -214,12 +223,18 @@ def _verdict(now: Intervals, target: Intervals, why: str, law: LawSettings, way:
     target = Intervals(a, k)
     if target == now:
         return Verdict(None, f"{why}, but the intervals are already at their bound ({now})")
+    if now.enabled and all(abs(new - old) < law.min_change * old for old, new in _pairs(now, target)):
+        return Verdict(None, f"{why}, but {target} is within {law.min_change:.0%} of {now}: not worth a change")
     moved = [
         f"{name} {old}->{new}"
         for name, old, new in (("A", now.attempt, target.attempt), ("K", now.any, target.any))
         if old != new
     ]
     return Verdict(target, f"{why} -> {', '.join(moved)}", way)
+
+
+def _pairs(now: Intervals, target: Intervals) -> list[tuple[int, int]]:
+    return [(now.attempt or 0, target.attempt or 0), (now.any or 0, target.any or 0)]
 
 
 def _step(old: int, wanted: int, law: LawSettings) -> int:
