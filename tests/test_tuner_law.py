@@ -130,7 +130,7 @@ def test_bad_slo_and_intervals_are_refused():
 seconds = st.floats(min_value=0.001, max_value=100.0, allow_nan=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     a=st.integers(1, 256),
     extra=st.integers(0, 256),
