@@ -20,7 +20,7 @@ from typing import Any
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.lockstep import LockstepDriver
 from engine.metrics import Summary
-from engine.policies.registry import make_policy, policy_args
+from engine.policies.registry import POLICIES, make_policy, policy_args
 from engine.policy import PrefillPolicy
 from engine.rank import RoundOutcome
 from engine.record import RoundRecord
@@ -32,6 +32,12 @@ from tuner.law import Slo
 from workloads import Workload
 
 AUTOTUNE = "gate-autotune"
+# Every policy the lab can run: the engine's, and the gate moved by the tuner (a client of the run).
+LAB_POLICIES: tuple[str, ...] = (*POLICIES, AUTOTUNE)
+# Where the tuner starts in the lab: cold, where a lone prompt waits least (A=1, K=4); it grows from there.
+COLD_START = PrefillDelay(1, 4)
+# The SLO it aims at in the fixed-load lab (the capacity lab's default): TTFT p99 2 s, ITL p99 0.2 s.
+FIXED_LOAD_SLO = (2.0, 0.2)
 RUN_ID = "lab"
 # The lab's probes measure after a warm-up of 6-20 simulated seconds: the tuner gets a shorter dwell and
 # window and a looser change cap than its live defaults (the same flags `tune` takes), so that it can settle

@@ -76,3 +76,18 @@ def test_a_recorded_autotuned_run_passes_the_per_round_checks_of_a_manual_one(tm
         a = change.adopted_config.attempt_interval
         after = [r for r in records if r.round > change.round and r.config.epoch == change.adopted_epoch]
         assert all(r.counter % a == 0 for r in after if r.point == pb.GATE_POINT_ALL)
+
+
+def test_gate_autotune_is_a_lab_policy_that_starts_cold_and_brings_its_tuner():
+    from lab.autotune import AUTOTUNE, LAB_POLICIES, AutotunedGate
+    from lab.capacity.knobs import configure, settings_of
+
+    assert AUTOTUNE in LAB_POLICIES
+    [setting] = settings_of(AUTOTUNE, quick=True)  # nothing swept: choosing A and K is the tuner's job
+    args, factory = configure(AUTOTUNE, setting, sim_args(dp_size=2))
+    delay = args.prefill_delay
+    assert (delay.attempt_interval, delay.any_interval) == (1, 4) and isinstance(factory, AutotunedGate)
+    client = factory.client(2.0, 0.2)
+    assert (client.tuner.slo.ttft_p99_s, client.tuner.slo.itl_p99_s) == (2.0, 0.2)
+    assert factory.client(2.0, 0.2).tuner is not client.tuner  # a fresh tuner per run: probes are independent
+    assert factory(0, args).name == "gate"

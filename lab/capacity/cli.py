@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.executor.presets import DEFAULT_PRESET, CostPreset, RankWork, preset_named, preset_names
-from lab.capacity.knobs import LAB_POLICIES
+from lab.autotune import LAB_POLICIES
 from lab.capacity.probe import Slo
 from lab.capacity.report import by_workload, records, render
 from lab.capacity.runner import Result, Task, run_tasks

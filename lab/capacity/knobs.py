@@ -33,7 +33,7 @@ from itertools import product
 from engine.config import PrefillDelay, ServerArgs
 from engine.policies.registry import POLICIES, make_policy, policy_args
 from engine.policy import PrefillPolicy
-from lab.autotune import AUTOTUNE, LAB_TUNING, AutotunedGate
+from lab.autotune import AUTOTUNE, COLD_START, LAB_POLICIES, LAB_TUNING, AutotunedGate
 
 Knobs = tuple[tuple[str, float], ...]
 PolicyFactory = Callable[[int, ServerArgs], PrefillPolicy]
@@ -137,9 +137,7 @@ SPACES: dict[str, KnobSpace] = {
     ),
 }
 
-SPACES[AUTOTUNE] = KnobSpace((), knobs(A=1, K=4), (), ())
-# Every policy the lab can run: the engine's, and the gate moved by the tuner (a client of the run).
-LAB_POLICIES: tuple[str, ...] = (*POLICIES, AUTOTUNE)
+SPACES[AUTOTUNE] = KnobSpace((), knobs(A=COLD_START.attempt_interval, K=COLD_START.any_interval), (), ())
 
 _NONE = KnobSpace((), (), (), ())
 
