@@ -12,6 +12,7 @@ from lab.autotune import run_autotuned
 from prefill_gate.v1 import types_pb2 as pb
 from tests.helpers import sim_args
 from tests.test_grpc_agreement import expected_vote
+from tests.test_tuner_grpc import ARGS
 from tuner.core import TunerSettings
 from tuner.law import Slo
 from workloads import Fixed, OnOff, Workload
@@ -20,14 +21,7 @@ from workloads import Fixed, OnOff, Workload
 def test_the_change_rate_stays_under_its_cap_on_a_bursty_trace():  # guard: max changes per minute
     # Bursts of ~100 prompts every 4 s: the estimates swing with every burst, and a TTFT budget the
     # bursts always break keeps the law asking for changes; only the cap paces it.
-    args = sim_args(
-        dp_size=4,
-        prefill_attempt_interval=8,
-        prefill_any_attempt_interval=64,
-        max_num_seqs=256,
-        chunked_prefill_size=2048,
-        kv_pages=2048,
-    )
+    args = ARGS
     workload = Workload(OnOff(rate=1000.0, on_s=0.1, off_s=4.0), dp_size=4, prompt=Fixed(256), output=Fixed(64), seed=0)
     cap = 2
     settings = TunerSettings(window_s=5.0, min_rounds=30, min_ttft_samples=10, dwell_rounds=20, max_changes_per_min=cap)

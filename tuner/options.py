@@ -15,39 +15,25 @@ from tuner.law import Slo
 DEFAULTS = TunerSettings()
 
 
+# (flag, type, default, help) of the guards; the budgets come first and have no default.
+GUARDS: tuple[tuple[str, type, float, str], ...] = (
+    ("respect-manual", float, DEFAULTS.respect_manual_s, "after someone else's change, change nothing for S engine s"),
+    ("max-changes-per-min", float, DEFAULTS.max_changes_per_min, "at most N changes in any 60 engine seconds"),
+    ("dwell-rounds", int, DEFAULTS.dwell_rounds, "rounds a config stays in force before the next change"),
+    ("window-s", float, DEFAULTS.window_s, "the estimates' sliding window, engine seconds"),
+)  # fmt: skip
+
+
 def add_tuning_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """The SLO and the guards of the tuner (docs/autotune.md)."""
     group = parser.add_argument_group("autotune" if prefix else "tuning")
     group.add_argument(f"--{prefix}ttft-p99", type=float, default=None, metavar="S", help="TTFT p99 budget, seconds")
     group.add_argument(f"--{prefix}itl-p99", type=float, default=None, metavar="S", help="ITL p99 budget, seconds")
-    group.add_argument(
-        f"--{prefix}respect-manual",
-        type=float,
-        default=DEFAULTS.respect_manual_s,
-        metavar="S",
-        help="after someone else changes the config, change nothing for S engine seconds (default %(default)s)",
-    )
-    group.add_argument(
-        f"--{prefix}max-changes-per-min",
-        type=float,
-        default=DEFAULTS.max_changes_per_min,
-        metavar="N",
-        help="at most N changes in any 60 engine seconds (default %(default)s)",
-    )
-    group.add_argument(
-        f"--{prefix}dwell-rounds",
-        type=int,
-        default=DEFAULTS.dwell_rounds,
-        metavar="N",
-        help="rounds a config stays in force before the next change (default %(default)s)",
-    )
-    group.add_argument(
-        f"--{prefix}window-s",
-        type=float,
-        default=DEFAULTS.window_s,
-        metavar="S",
-        help="the estimates' sliding window, engine seconds (default %(default)s)",
-    )
+    for name, kind, default, text in GUARDS:
+        metavar = "N" if kind is int or name.endswith("per-min") else "S"
+        group.add_argument(
+            f"--{prefix}{name}", type=kind, default=default, metavar=metavar, help=f"{text} (default %(default)s)"
+        )
 
 
 def tuning_requested(ns: argparse.Namespace, prefix: str = "") -> bool:
