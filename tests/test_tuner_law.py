@@ -113,7 +113,7 @@ def test_the_gate_off_comes_on_when_itl_is_over_budget():
     assert verdict.target == Intervals(1, 21)  # (0.8 * 1.5 - 0.3) / 0.041 = 21.9 rounds of gate wait
     assert "with the gate off" in verdict.reason and verdict.reason.endswith("gate on A=1 K=21")
     assert decide(est(), OFF, SLO).target is None
-    assert decide(est(itl_p99_s=0.25), OFF, SLO, LawSettings(allow_off=False)).target is None
+    assert decide(est(itl_p99_s=0.25), OFF, SLO, LawSettings(may_switch_on=False)).target is None
 
 
 def test_bad_slo_and_intervals_are_refused():

@@ -83,7 +83,7 @@ class LawSettings:
     max_interval: int = 256
     overload_prompts_per_rank: float = 2.0  # backlog growth through the window that counts as falling behind
     low_ready_share: float = 0.2  # below it the ALL point rarely finds every decoding rank ready: low load
-    allow_off: bool = True  # the law may switch the gate on when it finds it off (never off by itself)
+    may_switch_on: bool = True  # the law may switch the gate on when it finds it off (never off: docs/autotune.md)
 
     def __post_init__(self) -> None:
         if not 0 < self.slack < self.target < 1:
@@ -140,7 +140,7 @@ def decide(
     budget_rounds = max(1, math.floor(slo.ttft_p99_s / t))
 
     if not now.enabled:
-        if itl > slo.itl_p99_s and law.allow_off:
+        if itl > slo.itl_p99_s and law.may_switch_on:
             k = _clamp(math.floor((law.target * slo.ttft_p99_s - ttft) / t), 1, min(budget_rounds, law.max_interval))
             reason = f"{itl_text} > {_ms(slo.itl_p99_s)} budget with the gate off at {round_ms} -> gate on A=1 K={k}"
             return Verdict(Intervals(1, k), reason)
