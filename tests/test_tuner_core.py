@@ -77,12 +77,13 @@ def test_one_change_in_flight_then_a_dwell_under_the_new_config():
     assert "it went 300 -> 300 ms after the last change toward smaller windows: the other way" in second.reason
 
 
-def test_a_refused_change_frees_the_tuner_and_says_why():
+def test_a_refused_change_frees_the_tuner_says_why_and_waits_a_dwell():
     tuner = Tuner(SLO, FAST)
     [(_, proposal)] = feed(tuner, range(0, 101), config())
     tuner.settle(proposal, "INVALID_ARGUMENT: nope")
     assert tuner.pending is None and tuner.status == "change refused: INVALID_ARGUMENT: nope"
-    assert len(feed(tuner, range(101, 102), config())) == 1
+    assert feed(tuner, range(101, 200), config()) == []  # not asked again every round: a dwell first
+    assert len(feed(tuner, range(200, 201), config())) == 1
 
 
 def test_the_rate_cap_counts_its_own_changes_per_engine_minute():

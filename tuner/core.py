@@ -133,6 +133,9 @@ class Tuner:
             return
         self.pending = None
         self._itl_change = None  # it never happened
+        # A refused attempt counts like a change (dwell, rate cap): a refusal is not answered every round.
+        self.changes.append(self._clock())
+        self._config_round = self._last_round or 0
         self.status = f"change refused: {error}"
 
     def dry_run_done(self, proposal: Proposal) -> None:
