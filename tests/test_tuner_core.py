@@ -24,8 +24,10 @@ def config(
     )
 
 
-def record(round_: int, conf: pb.GateConfig, *, run: str = "run-1", dropped: int = 0) -> pb.RoundRecord:
-    """A busy decode round whose ITL p99 (0.3 s) is over the 0.2 s budget; a first token every round."""
+def record(
+    round_: int, conf: pb.GateConfig, *, run: str = "run-1", dropped: int = 0, itl: float = 0.3
+) -> pb.RoundRecord:
+    """A busy decode round whose ITL p99 (`itl`, 0.3 s) is over the 0.2 s budget; a first token every round."""
     return pb.RoundRecord(
         round=round_,
         run_id=run,
@@ -36,7 +38,7 @@ def record(round_: int, conf: pb.GateConfig, *, run: str = "run-1", dropped: int
         dropped_before=dropped,
         ranks=[pb.RankRow(rank=r, batch_size=4, has_decode_work=True) for r in range(2)],
         ttft_seconds=[0.5],
-        itl_seconds=[0.03, 0.3],
+        itl_seconds=[0.03, itl],
         itl_tokens=[90, 10],
     )
 
@@ -62,7 +64,7 @@ def test_no_change_while_the_estimates_are_noisy_then_one_with_its_reason():
 
 
 def test_one_change_in_flight_then_a_dwell_under_the_new_config():
-    tuner = Tuner(SLO, FAST)
+    tuner = Tuner(SLO, replace(FAST, hold_s=15.0))
     [(at, proposal)] = feed(tuner, range(0, 300), config())  # in flight: nothing more while epoch 0 holds
     assert at == 100
     tuner.settle(proposal)  # accepted: still in flight until a record shows epoch 1
@@ -75,6 +77,15 @@ def test_one_change_in_flight_then_a_dwell_under_the_new_config():
     # The ITL p99 did not move (300 ms before and after): smaller windows did not help, so the other way.
     assert second.target == Intervals(8, 64)
     assert "it went 300 -> 300 ms after the last change toward smaller windows: the other way" in second.reason
+    # Fewer extend rounds did not move it either: the intervals cannot fix it, and the tuner stops trying.
+    tuner.settle(second)
+    fewer = config(2, 8, 64, "tuner", second.reason)
+    assert feed(tuner, range(411, 700), fewer) == []
+    assert tuner.status.endswith("and neither way moved it: the intervals cannot fix it, holding")
+    # The hold lasts hold_s engine seconds after that change (made at 12.33 s), then the model decides afresh.
+    [(at, third)] = feed(tuner, range(700, 1000), fewer)
+    assert at == 911  # its record's clock, 27.36 s, is the first past 12.33 + 15 s
+    assert third.target == Intervals(4, 64) and "an extend round of one prompt takes" in third.reason
 
 
 def test_a_refused_change_frees_the_tuner_says_why_and_waits_a_dwell():
@@ -90,7 +101,8 @@ def test_the_rate_cap_counts_its_own_changes_per_engine_minute():
     tuner = Tuner(SLO, replace(FAST, max_changes_per_min=2, dwell_rounds=10))
     conf, epoch, r, times, capped = config(), 0, 0, [], False
     while r < 6000 and len(times) < 4:
-        proposal = tuner.observe(record(r, conf))
+        # Each change helps a little (ITL p99 x0.9, still over budget): the tuner keeps at it, the cap paces it.
+        proposal = tuner.observe(record(r, conf, itl=0.3 * 0.9**epoch))
         if proposal is not None:
             epoch += 1
             target = proposal.target

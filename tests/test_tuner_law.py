@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuner.estimates import Estimates
-from tuner.law import OFF, Intervals, LawSettings, Slo, decide
+from tuner.law import FEWER, HOLD, OFF, Intervals, LawSettings, Memory, Slo, decide
 
 SLO = Slo(ttft_p99_s=1.5, itl_p99_s=0.2)
 
@@ -90,6 +90,18 @@ def test_itl_over_budget_when_even_one_prompt_is_too_long_means_fewer_extend_rou
     assert verdict.target == Intervals(16, 36)
     stuck = decide(est(itl_p99_s=0.3, one_prompt_extend_s=0.3, ttft_p99_s=1.4), Intervals(8, 32), SLO)
     assert stuck.target is None and "no room" in stuck.reason
+
+
+def test_itl_memory_overrides_the_model_and_a_hold_changes_nothing_but_ttft_still_decides():
+    # The model says smaller windows (one prompt's round is short); the tuner's memory says fewer rounds.
+    learnt = Memory(FEWER, "it went 300 -> 250 ms after the last change toward fewer extend rounds")
+    verdict = decide(est(itl_p99_s=0.25, ttft_p99_s=0.5), Intervals(8, 32), SLO, memory=learnt)
+    assert verdict.target == Intervals(16, 36) and verdict.way == FEWER and "it went 300 -> 250 ms" in verdict.reason
+    held = Memory(HOLD, "it went 300 -> 300 ms after the last change toward fewer extend rounds, and neither way ...")
+    verdict = decide(est(itl_p99_s=0.25), Intervals(8, 32), SLO, memory=held)
+    assert verdict.target is None and verdict.reason.endswith("neither way ...: the intervals cannot fix it, holding")
+    # A hold is the ITL rule's: TTFT over budget still moves K.
+    assert decide(est(itl_p99_s=0.25, ttft_p99_s=1.8), Intervals(8, 32), SLO, memory=held).target == Intervals(8, 17)
 
 
 def test_a_growing_backlog_batches_more_per_window():

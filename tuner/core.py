@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from prefill_gate.v1 import types_pb2 as pb
 from tuner.estimates import Estimates, Window, facts_of
-from tuner.law import FEWER, SMALLER, Intervals, LawSettings, Memory, Slo, decide
+from tuner.law import FEWER, HOLD, SMALLER, Intervals, LawSettings, Memory, Slo, decide
 
 TUNER = "tuner"
 LAUNCH = "launch"
@@ -46,6 +46,7 @@ class TunerSettings:
     dwell_rounds: int = 300
     max_changes_per_min: float = 4.0
     respect_manual_s: float = 120.0
+    hold_s: float = 120.0  # neither way moved the ITL p99: hold this long after the last change, then try again
     evaluate_every: int = 25  # rounds between two looks at the estimates (they cost a sort of the window)
     law: LawSettings = field(default_factory=LawSettings)
 
@@ -62,8 +63,9 @@ class TunerSettings:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.max_changes_per_min > 0:
             raise ValueError(f"max_changes_per_min must be > 0, got {self.max_changes_per_min}")
-        if self.respect_manual_s < 0:
-            raise ValueError(f"respect_manual_s must be >= 0, got {self.respect_manual_s}")
+        for name in ("respect_manual_s", "hold_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,8 @@ class Tuner:
         self._config_round = 0
         self._manual_until = float("-inf")
         self._since_look = 0
-        self._itl_change: tuple[str, float] | None = None  # (way, ITL p99 then) of the last ITL change
+        self._itl_change: tuple[str, float, float] | None = None  # (way, ITL p99, clock) of the last ITL change
+        self._itl_failed: set[str] = set()  # ways that did not move the ITL p99 (both: stop trying)
         self._broke: tuple[int, float] | None = None  # (K, engine clock) where a budget last broke
 
     # -- inputs ------------------------------------------------------------------------------------
@@ -184,6 +187,7 @@ class Tuner:
         self._manual_until = float("-inf")
         self._since_look = 0
         self._itl_change = None
+        self._itl_failed = set()
         self._broke = None
         self._note(f"new run {run_id}: estimates reset" if had else f"run {run_id}: gathering estimates")
 
@@ -209,6 +213,7 @@ class Tuner:
             self.changes.append(clock)
             return
         self._itl_change = None  # what follows is not the effect of a change of its own
+        self._itl_failed = set()
         if config.changed_by not in (LAUNCH, ""):  # found in force when the tuner joined: respected too
             self._manual_until = clock + self.settings.respect_manual_s
             self._note(
@@ -261,7 +266,7 @@ class Tuner:
             self.status = verdict.reason
             return None
         if verdict.way is not None and est.itl_p99_s is not None:
-            self._itl_change = (verdict.way, est.itl_p99_s)
+            self._itl_change = (verdict.way, est.itl_p99_s, self._clock())
         self.pending = Proposal(verdict.target, config.epoch, f"{self.name}: {verdict.reason}", round_)
         return self.pending
 
@@ -274,11 +279,20 @@ class Tuner:
             if self._broke is None or clock - self._broke[1] > BROKE_MEMORY_S or k <= self._broke[0]:
                 self._broke = (k, clock)
         grow_below = self._broke[0] if self._broke and clock - self._broke[1] <= BROKE_MEMORY_S else None
+        if itl <= self.slo.itl_p99_s:
+            self._itl_failed = set()
+        held = self._itl_failed >= {SMALLER, FEWER}
+        if held and self._itl_change is not None and clock - self._itl_change[2] > self.settings.hold_s:
+            self._itl_failed, self._itl_change = set(), None  # held long enough: the model decides afresh
         if self._itl_change is None or itl <= self.slo.itl_p99_s:
             return Memory(grow_below=grow_below)
-        way, before = self._itl_change
+        way, before, _ = self._itl_change
         change = f"{before * 1e3:.0f} -> {itl * 1e3:.0f} ms after the last change toward {way}"
         if itl < HELPED * before:
+            self._itl_failed.discard(way)
             return Memory(way, f"it went {change}", grow_below)
+        self._itl_failed.add(way)
+        if self._itl_failed >= {SMALLER, FEWER}:
+            return Memory(HOLD, f"it went {change}, and neither way moved it", grow_below)
         other = FEWER if way == SMALLER else SMALLER
         return Memory(other, f"it went {change}: the other way", grow_below)

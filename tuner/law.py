@@ -15,7 +15,8 @@ the order they are tried (docs/autotune.md gives the reasons):
    K, halved) make every extend round short; when even one prompt's round is too long, fewer extend
    rounds (K and A up) is the only way, as far as the TTFT budget allows. Prompts that come in bursts can
    defeat that model (a burst makes long rounds whatever the window): the tuner then remembers which way
-   its last ITL change moved the p99 and keeps or reverses it (`Memory`).
+   its last ITL change moved the p99 and keeps or reverses it, and holds once neither way moved it
+   (`Memory`): the cost of one extend round, not the intervals, then sets the p99.
 5. both within budget: at low load (the ALL point rarely finds every rank ready) with TTFT past the slack
    mark, halve A towards 1 (the ALL point's wait is then the TTFT it costs; with TTFT slack, A is left
    alone, since bursts that reach every rank at once are batched by it); with
@@ -96,6 +97,7 @@ class LawSettings:
 
 SMALLER = "smaller windows"
 FEWER = "fewer extend rounds"
+HOLD = "hold"  # neither way moved the ITL p99: the load or the cost of one extend round sets it
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +105,8 @@ class Memory:
     """What the tuner learnt from its own earlier changes (the law itself keeps nothing).
 
     `itl_way`: the way (SMALLER or FEWER) to answer an ITL over budget, with `itl_why`, when an earlier
-    change showed which one works (None: the law asks its model); `grow_below`: a K at which a budget broke
-    recently, which slack never grows K back to.
+    change showed which one works, HOLD when neither did (None: the law asks its model); `grow_below`: a K
+    at which a budget broke recently, which slack never grows K back to.
     """
 
     itl_way: str | None = None
@@ -190,6 +192,8 @@ def decide(
             why += f", an extend round of one prompt takes {size}"
         else:
             why += f", {memory.itl_why}"
+        if way == HOLD:
+            return Verdict(None, f"{why}: the intervals cannot fix it, holding")
         room = min(math.floor(k_room), budget_rounds, law.max_interval)
         if way == FEWER and room > k:
             new_k = _step(k, room, law)
