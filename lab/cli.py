@@ -213,7 +213,7 @@ def settings_of(config: LabConfig) -> str:
         "peers at their sources' defaults (sglang-delayer max_delay_passes=30; atom-coalescer TARGET_FILL 0.9, "
         "STALL_TICKS 10, PARTIAL_MAX_TICKS 100, TTFT_MAX_TICKS 200; vllm-cadence interval 2; trtllm-balance "
         "timeout_iters=50, batching_wait_iters=10); see each module's docstring in engine/policies/; "
-        "gate-autotune: the gate from A=1, K=4, moved by the tuner to TTFT p99 <= 2 s, ITL p99 <= 0.2 s "
+        "gate-autotune: the gate from A=8, K=32, moved by the tuner to TTFT p99 <= 2 s, ITL p99 <= 0.2 s "
         "(docs/autotune.md)"
     )
 

@@ -80,7 +80,7 @@ def test_gate_autotune_is_a_lab_policy_that_starts_cold_and_brings_its_tuner():
     [setting] = settings_of(AUTOTUNE, quick=True)  # nothing swept: choosing A and K is the tuner's job
     args, factory = configure(AUTOTUNE, setting, sim_args(dp_size=2))
     delay = args.prefill_delay
-    assert (delay.attempt_interval, delay.any_interval) == (1, 4) and isinstance(factory, AutotunedGate)
+    assert (delay.attempt_interval, delay.any_interval) == (8, 32) and isinstance(factory, AutotunedGate)
     client = factory.client(2.0, 0.2)
     assert (client.tuner.slo.ttft_p99_s, client.tuner.slo.itl_p99_s) == (2.0, 0.2)
     assert factory.client(2.0, 0.2).tuner is not client.tuner  # a fresh tuner per run: probes are independent

@@ -15,8 +15,8 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
   (ATOM's wall-clock queue guard, off by default upstream).
 - vllm-cadence: `interval` (`--prefill-schedule-interval`; 1 is vLLM's default, off; #44558 recommends 2).
 - trtllm-balance: `timeout_iters` (50) and `batching_wait_iters` (10).
-- gate-autotune: none swept. The tuner starts cold at A=1, K=4 (the least a lone prompt can wait) and moves
-  A and K itself to the SLO being searched (lab/autotune.py): choosing them is its job.
+- gate-autotune: none swept. The tuner starts cold on the launch config A=8, K=32 and moves A and K itself
+  to the SLO being searched (lab/autotune.py): choosing them is its job.
 - ungated, and any policy registered later without a space here: no knobs (one setting, its defaults).
 
 To give a new policy knobs: add its `KnobSpace` to `SPACES` (its knob names are keyword arguments of its
