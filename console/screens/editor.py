@@ -18,6 +18,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
@@ -170,8 +171,10 @@ class IntervalEditor(EarlyKeys, ModalScreen[None]):
         if config is None or (self.in_force is not None and config.SerializeToString() ==
                               self.in_force.SerializeToString()):
             return
+        if self.in_force is not None and config.epoch < self.in_force.epoch:
+            return  # the stream is behind what the server just answered (a refusal fetches the config)
         self.in_force = config
-        if self.is_mounted:
+        with contextlib.suppress(NoMatches):  # not composed yet, or being dismissed
             self.query_one("#in-force", Static).update(self._in_force_text())
 
     def on_mount(self) -> None:
