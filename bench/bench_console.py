@@ -14,6 +14,7 @@ Three processes per configuration, so that each one's CPU time is its own:
   counted: states drawn, records received and records the server dropped for it.
 
     .venv/bin/python -m bench.bench_console            # prints and writes bench/results/console.md
+    .venv/bin/python -m bench.bench_console --cost     # CPU per record read and per frame drawn, in process
 """
 
 from __future__ import annotations
