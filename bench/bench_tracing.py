@@ -8,7 +8,8 @@ through the real controller (`serve`'s code path: `build_backend`, rank observer
 spans) for a fixed wall window after a warm-up; the configurations alternate, repeated, and the median
 rate is reported. The receiver runs in its own process, as a collector would, and counts what it got.
 Backends are built by `serve`'s own `build_backend`, so the bench follows wherever `serve` runs the
-simulator (in this process today).
+simulator (in the controller's process, or in a child process of its own): the CPU figures count this
+process and its children (less the receiver's), and the report names the backend measured.
 
     .venv/bin/python -m bench.bench_tracing            # prints and writes bench/results/tracing.md
 """
@@ -103,7 +104,38 @@ def telemetry_ns(endpoint: str, rate: float | None, window: float | None, proces
     return ns
 
 
-async def measure(backend: Backend, args: ServerArgs, ns: argparse.Namespace, run_id: str, window_s: float) -> dict:
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(exclude: set[int]) -> float:
+    """CPU seconds (user + system) of this process and its live descendants, less the `exclude`d
+    processes' subtrees: the controller, and the simulator wherever `serve` put it (/proc, Linux)."""
+    parent_of: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parent_of[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
+    own = os.getpid()
+    total = 0
+    for pid in ticks:
+        ancestor = pid
+        while ancestor not in (own, 0, 1) and ancestor not in exclude:
+            ancestor = parent_of.get(ancestor, 0)
+        if ancestor == own and pid not in exclude:
+            total += ticks[pid]
+    return total / TICKS
+
+
+async def measure(
+    backend: Backend, args: ServerArgs, ns: argparse.Namespace, run_id: str, window_s: float, exclude: set[int]
+) -> dict:
     """Rounds per wall and per CPU second of one controller run over the window, and what tracing did."""
     controller = Controller(args, backend, run_id=run_id, stop_when_idle=False)
     await asyncio.get_running_loop().run_in_executor(None, controller.start)
@@ -113,10 +145,10 @@ async def measure(backend: Backend, args: ServerArgs, ns: argparse.Namespace, ru
         while controller.latest is None or controller.latest.round < WARMUP_ROUNDS:
             await asyncio.sleep(0.05)
         first = controller.latest.round
-        started, cpu = time.perf_counter(), time.process_time()
+        started, cpu = time.perf_counter(), tree_cpu_s(exclude)
         await asyncio.sleep(window_s)
         rounds = controller.latest.round - first
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        elapsed, cpu = time.perf_counter() - started, tree_cpu_s(exclude) - cpu
         controller.request_stop()
         await runner
     finally:
@@ -128,6 +160,7 @@ async def measure(backend: Backend, args: ServerArgs, ns: argparse.Namespace, ru
         "traced_share": status.traced_share or 0.0,
         "dropped": status.spans_dropped,
         "untraced_requests": status.requests_untraced,
+        "backend": type(backend).__name__,
     }
 
 
@@ -139,7 +172,7 @@ def workload_of(args: ServerArgs) -> Workload:
 
 
 def run_section(
-    args: ServerArgs, processes: bool, endpoint: str, repeats: int, window_s: float, received: Any
+    args: ServerArgs, processes: bool, endpoint: str, repeats: int, window_s: float, received: Any, receiver: int
 ) -> Results:
     """Every configuration `repeats` times, alternating; results by configuration name."""
     results: Results = {name: [] for name, _, _ in CONFIGS}
@@ -150,7 +183,7 @@ def run_section(
             run_id = f"bench-{label}-{name}-{repeat}"
             before = received.value
             backend = build_backend(args, workload_of(args), ns, run_id)  # serve's own choice of backend
-            result = asyncio.run(measure(backend, args, ns, run_id, window_s))
+            result = asyncio.run(measure(backend, args, ns, run_id, window_s, {receiver}))
             result["received"] = received.value - before
             results[name].append(result)
             print(
@@ -253,6 +286,8 @@ def report(
 ) -> str:
     """The markdown report (also printed)."""
     args = bench_args(options.ranks)
+    backend = sim["off"][0]["backend"]
+    where = "a child process of the controller's" if backend == "SimProcessBackend" else "the controller's process"
     lines = [
         "# Tracing overhead: round rate with tracing off, at the default sampling, and at 100%",
         "",
@@ -269,11 +304,13 @@ def report(
         "confirmed delivered (queue full, collector error, no answer), summed over the repeats, counted after "
         "each run's exporters flushed; spans received: what the receiver got in those runs.",
         "",
-        f"## In-process simulator, {options.ranks} ranks (`serve --executor sim`, preset {args.sim_preset})",
+        f"## Lockstep simulator, {options.ranks} ranks (`serve --executor sim`, preset {args.sim_preset})",
         "",
-        "The harshest case: a simulated rank-round is ~30 us of Python, and the ranks, the controller and the "
-        "span exporter share one process. Rounds per CPU-s divides by that process's CPU time, which other "
-        "tenants of the machine do not inflate; CPU per round vs off is the tracing cost per round, all ranks.",
+        f"Backend: `{backend}` ({where}). The harshest case: a simulated rank-round is ~30 us of Python, and "
+        "the ranks step in one interpreter with their span exporter. Rounds per CPU-s divides by the CPU time "
+        "of the controller's process and its children (the receiver's excluded), which other tenants of the "
+        "machine do not inflate; CPU per round vs off is the tracing cost per round, all ranks and the "
+        "controller.",
         "",
         *table(sim, cpu=True),
     ]
@@ -317,11 +354,12 @@ def main(argv: list[str] | None = None) -> None:
     receiver.start()
     endpoint = f"http://127.0.0.1:{port_out.get(timeout=60)}"
     try:
-        sim = run_section(bench_args(options.ranks), False, endpoint, options.repeats, options.seconds, counts)
+        pid = receiver.pid or 0
+        sim = run_section(bench_args(options.ranks), False, endpoint, options.repeats, options.seconds, counts, pid)
         procs = None
         if options.process_ranks:
             args = bench_args(options.process_ranks)
-            procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts)
+            procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts, pid)
         capacity = None if options.no_capacity else exporter_capacity(endpoint, options.seconds)
     finally:
         stop.set()
