@@ -176,7 +176,7 @@ def run_section(
 ) -> Results:
     """Every configuration `repeats` times, alternating; results by configuration name."""
     results: Results = {name: [] for name, _, _ in CONFIGS}
-    label = "processes" if processes else "in-process"
+    label = "processes" if processes else "simulator"
     for repeat in range(repeats):
         for name, rate, window in CONFIGS:
             ns = telemetry_ns(endpoint, rate, window, processes)
