@@ -51,6 +51,20 @@ class Polled:
     submitted: list[tuple[int, RequestSpec]] = field(default_factory=list)  # fed from the workload
     workload_done: bool = False  # the workload will issue nothing more (as of these submissions)
     stopped: bool = False  # every rank left its loop
+    # With the last poll of a run: each rank observer's final count of what it dropped, after it drained
+    # its exports (None: not known to be final). How a simulator in another process reports it.
+    observer_dropped: dict[int, int] | None = None
+
+    def add(self, later: Polled) -> None:
+        """Append what a later poll produced."""
+        self.records += later.records
+        self.events += later.events
+        self.itl += later.itl
+        self.submitted += later.submitted
+        self.stopped |= later.stopped
+        self.workload_done = later.workload_done
+        if later.observer_dropped is not None:
+            self.observer_dropped = later.observer_dropped
 
 
 def loads_of(record: RoundRecord | None, size: int) -> list[int]:
@@ -159,12 +173,7 @@ class SimBackend:
                 part = self._out.get_nowait()
             except queue.Empty:
                 break
-            merged.records += part.records
-            merged.events += part.events
-            merged.itl += part.itl
-            merged.submitted += part.submitted
-            merged.stopped |= part.stopped
-            merged.workload_done = part.workload_done
+            merged.add(part)
         with self._records_lock:
             self._records_waiting -= len(merged.records)
         return merged
@@ -191,6 +200,8 @@ class SimBackend:
                     self._latest = record
                     self._hand_off(record, polled)
                 polled.stopped = outcomes[0].stop or (self.max_rounds is not None and rounds >= self.max_rounds)
+                if polled.stopped:
+                    polled.observer_dropped = self._observers_final()
                 self._out.put(polled)
                 if polled.stopped:
                     return
@@ -202,6 +213,15 @@ class SimBackend:
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
             self._out.put(Polled(stopped=True))
+
+    def _observers_final(self) -> dict[int, int] | None:
+        """After the last round, as a rank process does: drain the rank observers' exports (bounded), then
+        their counts are final; None when some export is still unanswered (then they are not)."""
+        observers = [e.observer for e in self.driver.engines if e.observer is not None]
+        flushes = [getattr(o, "flush", None) for o in observers]
+        if not observers or not all(flush is not None and flush() for flush in flushes):
+            return None
+        return self.observer_dropped
 
     def _run_commands(self, wait_s: float = 0.0) -> None:
         """Apply queued commands between rounds; wait up to `wait_s` for the first."""
