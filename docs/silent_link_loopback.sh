@@ -6,11 +6,8 @@
 #   bash docs/silent_link_loopback.sh
 # docs/nodes.md shows a run.
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export PATH="$root/.venv/bin:$PATH"
-out=$(mktemp -d)
-cd "$out" || exit 1
-port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck source=docs/loopback.sh
+source "$(dirname "${BASH_SOURCE[0]}")/loopback.sh"
 serve=(prefill-gate serve --executor sim --processes --dp-size 2 --enable-dp-attention --no-progress
     --nnodes 2 --master-addr 127.0.0.1 --master-port "$port" --collective-timeout-s 60 --vote-log-dir .)
 "${serve[@]}" --node-rank 1 >n1.out 2>n1.err &
