@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint protos check-protos demo clean lab
+.PHONY: setup tools test lint protos check-protos demo clean lab
 
 setup: $(STAMP)
 
@@ -17,6 +17,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# promtool (Debian's `prometheus`) checks the metrics scrape and unit-tests the alert rules. Installed when
+# missing and apt-get can (root); otherwise, or when apt fails, those tests skip and say why.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing promtool (apt-get install prometheus)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
+	      >/dev/null 2>&1 || echo "promtool could not be installed: its tests will be skipped"; \
+	  else echo "promtool not found (Debian package prometheus): its tests will be skipped"; fi; }
+
 lint: setup
 	$(VENV)/bin/ruff check .
 
@@ -26,7 +36,7 @@ protos: setup
 check-protos: setup
 	$(PY) -m control.protogen --check
 
-test: setup lint
+test: setup lint tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: setup

@@ -1,12 +1,14 @@
-"""What tracing costs the round rate: the lockstep simulator (8 ranks) with tracing off, at the default
-sample rate and at 100%, side by side in one run, exporting to a local OTLP/gRPC receiver; then the
-same three for a group of rank processes.
+"""What tracing costs the round rate: the in-process simulator (8 ranks) with tracing off, at the default
+sampling and at 100%, side by side in one run, exporting to a local OTLP/gRPC receiver; then the same
+three for a group of rank processes; then the span exporter's own capacity.
 
 The simulator is the harshest case: its rank-round costs ~30 us of Python, so a per-round cost that is
 invisible beside a real forward (milliseconds) shows here. Each configuration runs a closed-loop workload
-through the real controller (`serve`'s code path: rank observers, root and request spans) for a fixed
-wall window after a warm-up; the configurations alternate, repeated, and the median rate is reported.
-The receiver runs in its own process, as a collector would.
+through the real controller (`serve`'s code path: `build_backend`, rank observers, root and request
+spans) for a fixed wall window after a warm-up; the configurations alternate, repeated, and the median
+rate is reported. The receiver runs in its own process, as a collector would, and counts what it got.
+Backends are built by `serve`'s own `build_backend`, so the bench follows wherever `serve` runs the
+simulator (in this process today).
 
     .venv/bin/python -m bench.bench_tracing            # prints and writes bench/results/tracing.md
 """
@@ -25,20 +27,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from control.host.backends import Backend, ProcessBackend, SimBackend
+from control.host.backends import Backend
 from control.host.controller import Controller
+from control.host.serve import build_backend
+from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import (
     DEFAULT_SAMPLE_RATE,
+    DEFAULT_WINDOW_SAMPLE_RATE,
     add_telemetry_args,
     attach_telemetry,
-    rank_observer_spec,
-    trace_spans_dropped,
 )
+from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
+from control.telemetry.trace_status import trace_status
+from control.telemetry.tracing import new_span_id, rank_resource
 from engine.config import ServerArgs
 from workloads import ClosedLoop, Fixed, Workload
 
 RESULTS = Path(__file__).parent / "results" / "tracing.md"
-CONFIGS = (("off", None), ("default", DEFAULT_SAMPLE_RATE), ("100%", 1.0))
+# (name, --trace-sample-rate, --trace-window-sample-rate); None: tracing off.
+CONFIGS = (
+    ("off", None, None),
+    ("default", DEFAULT_SAMPLE_RATE, DEFAULT_WINDOW_SAMPLE_RATE),
+    ("100%", 1.0, 1.0),
+)
 WARMUP_ROUNDS = 200
 Results = dict[str, list[dict]]
 BackendFactory = Callable[[ServerArgs, argparse.Namespace, str], Backend]
@@ -79,14 +90,16 @@ def bench_args(ranks: int) -> ServerArgs:
     )
 
 
-def telemetry_ns(endpoint: str, rate: float | None) -> argparse.Namespace:
-    """serve's telemetry flags for one configuration (rate None: tracing off)."""
+def telemetry_ns(endpoint: str, rate: float | None, window: float | None, processes: bool) -> argparse.Namespace:
+    """serve's telemetry and run flags for one configuration (rate None: tracing off)."""
     parser = argparse.ArgumentParser()
     add_telemetry_args(parser)
     # Traces only: the metrics are not what is measured here.
     argv = [] if rate is None else ["--otlp-endpoint", endpoint, "--trace-sample-rate", str(rate)]
+    if window is not None:
+        argv += ["--trace-window-sample-rate", str(window)]
     ns = parser.parse_args([*argv, "--no-otlp-metrics"])
-    ns.rounds = None
+    ns.rounds, ns.pace, ns.processes = None, None, processes
     return ns
 
 
@@ -104,47 +117,103 @@ async def measure(backend: Backend, args: ServerArgs, ns: argparse.Namespace, ru
         await asyncio.sleep(window_s)
         rounds = controller.latest.round - first
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-        tracer = next((s for s in getattr(controller.backend, "sinks", []) if hasattr(s, "traced_rounds")), None)
-        traced = tracer.traced_rounds / (controller.latest.round + 1) if tracer is not None else 0.0
-        dropped = trace_spans_dropped(controller)
         controller.request_stop()
         await runner
     finally:
-        await stop()
-    return {"rate": rounds / elapsed, "cpu_rate": rounds / cpu, "traced_share": traced, "dropped": dropped}
+        await stop()  # flushes and closes the exporters: the counts below are final
+    status = trace_status(controller)
+    return {
+        "rate": rounds / elapsed,
+        "cpu_rate": rounds / cpu,
+        "traced_share": status.traced_share or 0.0,
+        "dropped": status.spans_dropped,
+        "untraced_requests": status.requests_untraced,
+    }
 
 
-def sim_backend(args: ServerArgs, ns: argparse.Namespace, run_id: str) -> Backend:
-    """The lockstep simulator with a closed loop of 8 clients per rank."""
-    spec = rank_observer_spec(ns, run_id, args.dp_size)
-    observer, kwargs = spec if spec is not None else (None, None)
-    workload = Workload(
+def workload_of(args: ServerArgs) -> Workload:
+    """A closed loop of 8 clients per rank, prompts 512, outputs 64."""
+    return Workload(
         ClosedLoop(8 * args.dp_size), dp_size=args.dp_size, prompt=Fixed(512), output=Fixed(64), seed=args.seed
     )
-    return SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
 
 
-def process_backend(args: ServerArgs, ns: argparse.Namespace, run_id: str) -> Backend:
-    """Rank processes over gloo (sim executor: the round is the real loop and collective, the forward is modelled)."""
-    spec = rank_observer_spec(ns, run_id, args.dp_size)
-    observer, kwargs = spec if spec is not None else (None, None)
-    workload = Workload(
-        ClosedLoop(8 * args.dp_size), dp_size=args.dp_size, prompt=Fixed(512), output=Fixed(64), seed=args.seed
-    )
-    return ProcessBackend(args, workload, observer=observer, observer_kwargs=kwargs)
-
-
-def run_section(make: BackendFactory, args: ServerArgs, endpoint: str, repeats: int, window_s: float) -> Results:
+def run_section(
+    args: ServerArgs, processes: bool, endpoint: str, repeats: int, window_s: float, received: Any
+) -> Results:
     """Every configuration `repeats` times, alternating; results by configuration name."""
-    results: Results = {name: [] for name, _ in CONFIGS}
+    results: Results = {name: [] for name, _, _ in CONFIGS}
+    label = "processes" if processes else "in-process"
     for repeat in range(repeats):
-        for name, rate in CONFIGS:
-            ns = telemetry_ns(endpoint, rate)
-            run_id = f"bench-{make.__name__}-{name}-{repeat}"
-            result = asyncio.run(measure(make(args, ns, run_id), args, ns, run_id, window_s))
+        for name, rate, window in CONFIGS:
+            ns = telemetry_ns(endpoint, rate, window, processes)
+            run_id = f"bench-{label}-{name}-{repeat}"
+            before = received.value
+            backend = build_backend(args, workload_of(args), ns, run_id)  # serve's own choice of backend
+            result = asyncio.run(measure(backend, args, ns, run_id, window_s))
+            result["received"] = received.value - before
             results[name].append(result)
-            print(f"{make.__name__} {name:>8} #{repeat}: {result['rate']:,.0f} rounds/s", file=sys.stderr, flush=True)
+            print(
+                f"{label} {name:>8} #{repeat}: {result['rate']:,.0f} rounds/s, traced {result['traced_share']:.1%}, "
+                f"dropped {result['dropped']:,}",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
+
+
+def rank_tree(round_: int, rank: int) -> list[SpanData]:
+    """The 4 spans a traced rank exports for one round, with the tracer's attributes."""
+    start = time.time_ns()
+    own = new_span_id()
+    attributes = {
+        "gate.rank": rank,
+        "gate.round": round_,
+        "gate.point": "ALL",
+        "gate.open": True,
+        "gate.counter": 3,
+        "gate.want_prefill": True,
+        "gate.has_decode_work": True,
+        "gate.occupancy": 0.4375,
+        "gate.config_epoch": 0,
+    }
+    children = (
+        ("plan", {"gate.batch_size": 8, "gate.num_extends": 1, "gate.prefill_tokens": 512}),
+        ("all-gather", {"gate.lockstep": True}),
+        ("forward", {"gate.dispatch": "NORMAL"}),
+    )
+    spans = [
+        SpanData(round_, own, 7, "gate.round", KIND_INTERNAL, start, start + 30_000, attributes, parent_remote=True)
+    ]
+    spans += [
+        SpanData(round_, new_span_id(), own, name, KIND_INTERNAL, start, start + 10_000, a) for name, a in children
+    ]
+    return spans
+
+
+def exporter_capacity(endpoint: str, seconds: float) -> dict:
+    """Spans per second one shipper delivers while a producer keeps its queue full, and the CPU the
+    exporter (its thread and gRPC's) spends per span: the process's CPU time less the producer's."""
+    shipper = build_shipper(parse_otlp_endpoint(endpoint), ShipperConfig(max_queue_spans=65536))
+    who = producer(rank_resource("bench-capacity", 0, 8), "prefill_gate.tracing", "bench")
+    counter = DropCounter()
+    trees = [rank_tree(r + 1, r % 8) for r in range(2048)]  # built once: the exporter is what is measured
+    started, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
+    index = 0
+    while time.perf_counter() - started < seconds:
+        if shipper.offer(trees[index % len(trees)], who, counter):
+            index += 1
+        else:
+            time.sleep(0.002)  # full: let the exporter drain
+    exported = counter.exported
+    elapsed = time.perf_counter() - started
+    exporter_cpu = (time.process_time() - cpu) - (time.thread_time() - own)
+    shipper.close(5.0)
+    return {
+        "spans_per_s": exported / elapsed,
+        "exporter_us_per_span": exporter_cpu / max(exported, 1) * 1e6,
+        "exported": exported,
+    }
 
 
 def table(results: Results, cpu: bool) -> list[str]:
@@ -156,11 +225,16 @@ def table(results: Results, cpu: bool) -> list[str]:
     if cpu:
         head += " rounds per CPU-s | ratio to off | CPU per round vs off |"
         rule += " ---: | ---: | ---: |"
-    lines = [head + " runs (rounds/s) | traced share | spans dropped |", rule + " --- | ---: | ---: |"]
-    for name, _ in CONFIGS:
+    lines = [
+        head + " runs (rounds/s) | traced share | spans dropped | spans received |",
+        rule + " --- | ---: | ---: | ---: |",
+    ]
+    for name, _, _ in CONFIGS:
         runs = results[name]
         rate = statistics.median(r["rate"] for r in runs)
-        label = name if name != "default" else f"default ({DEFAULT_SAMPLE_RATE:g})"
+        label = name
+        if name == "default":
+            label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
         line = f"| {label} | {rate:,.0f} | {rate / off:.3f} |"
         if cpu:
             cpu_rate = statistics.median(r["cpu_rate"] for r in runs)
@@ -168,27 +242,34 @@ def table(results: Results, cpu: bool) -> list[str]:
             line += f" {cpu_rate:,.0f} | {cpu_rate / cpu_off:.3f} | {extra_us:+.1f} us |"
         each = ", ".join(f"{r['rate']:,.0f}" for r in runs)
         share = statistics.median(r["traced_share"] for r in runs)
-        line += f" {each} | {share:.1%} | {max(r['dropped'] for r in runs):,} |"
+        dropped = sum(r["dropped"] for r in runs)
+        line += f" {each} | {share:.1%} | {dropped:,} | {sum(r['received'] for r in runs):,} |"
         lines.append(line)
     return lines
 
 
-def report(sim: Results, procs: Results | None, options: argparse.Namespace, received: int, command: str) -> str:
+def report(
+    sim: Results, procs: Results | None, capacity: dict | None, options: argparse.Namespace, command: str
+) -> str:
     """The markdown report (also printed)."""
     args = bench_args(options.ranks)
     lines = [
-        "# Tracing overhead: round rate with tracing off, at the default sample rate, and at 100%",
+        "# Tracing overhead: round rate with tracing off, at the default sampling, and at 100%",
         "",
         f"Command: `{command}`",
         "",
         f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}, shared with "
-        "other work (wall rates move with it). A local OTLP/gRPC receiver in its own process; traces only. "
+        "other developers' builds and tests while this ran (wall rates move with them; ratios are measured side "
+        "by side, configurations alternating). A local OTLP/gRPC receiver in its own process; traces only. "
         f"Gate A={args.prefill_attempt_interval} K={args.prefill_any_attempt_interval}, closed loop of 8 clients "
         f"per rank, prompts 512, outputs 64. Each run: rounds in a {options.seconds:g} s wall window after "
-        f"{WARMUP_ROUNDS} rounds of warm-up; configurations alternate, {options.repeats} repeats, medians shown. "
-        "Traced share: rounds the sampling rules picked (always-traced rounds plus the ratio).",
+        f"{WARMUP_ROUNDS} rounds of warm-up; {options.repeats} repeats, medians shown. Default sampling: "
+        f"`--trace-sample-rate {DEFAULT_SAMPLE_RATE:g} --trace-window-sample-rate {DEFAULT_WINDOW_SAMPLE_RATE:g}`. "
+        "Traced share: rounds the sampling rules picked over rounds the controller saw. Spans dropped: not "
+        "confirmed delivered (queue full, collector error, no answer), summed over the repeats, counted after "
+        "each run's exporters flushed; spans received: what the receiver got in those runs.",
         "",
-        f"## Lockstep simulator, {options.ranks} ranks (`SimBackend`, preset {args.sim_preset})",
+        f"## In-process simulator, {options.ranks} ranks (`serve --executor sim`, preset {args.sim_preset})",
         "",
         "The harshest case: a simulated rank-round is ~30 us of Python, and the ranks, the controller and the "
         "span exporter share one process. Rounds per CPU-s divides by that process's CPU time, which other "
@@ -199,23 +280,25 @@ def report(sim: Results, procs: Results | None, options: argparse.Namespace, rec
     if procs is not None:
         lines += [
             "",
-            f"## Rank processes, {options.process_ranks} ranks over gloo (`ProcessBackend`, sim executor)",
+            f"## Rank processes, {options.process_ranks} ranks over gloo (`serve --executor sim --processes`)",
             "",
             "One process per rank as in a real deployment; the round is the rank loop and its all-gather "
             "(the forward is modelled, so a real forward would make tracing's share smaller still).",
             "",
             *table(procs, cpu=False),
         ]
-    lines += [
-        "",
-        f"Spans the receiver got in all: {received:,}.",
-        "",
-        "Reading: tracing costs per round, not per token: phase marks on every rank (~1.5 us), the sampling "
-        "decision (once per round and process), and for each traced round ~4 spans per rank to build and "
-        "encode (the OTLP encoder takes ~30-40 us a span, on the exporter thread). In the simulator all of it "
-        "lands in one process beside ~30 us rank-rounds; with rank processes each rank pays its own share in "
-        "its own process, and the rate moves within the machine's noise at the default rate.",
-    ]
+    if capacity is not None:
+        need = 2000 * options.ranks * 4 + 2000
+        lines += [
+            "",
+            "## Exporter capacity",
+            "",
+            f"One shipper kept full by a producer of 4-span rank trees for {options.seconds:g} s (encoding on the "
+            f"exporter's thread, OTLP/gRPC to the receiver): **{capacity['spans_per_s']:,.0f} spans/s** delivered, "
+            f"{capacity['exporter_us_per_span']:.1f} us of the exporter's CPU per span (its thread and gRPC's). "
+            f"Tracing every round of {options.ranks} ranks at 2,000 rounds/s needs {need:,} spans/s in one "
+            "process, and the simulator's own rounds need that process's interpreter too (one GIL).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -225,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--process-ranks", type=int, default=3, help="rank processes (0: skip that section)")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured window per run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-capacity", action="store_true", help="skip the exporter capacity section")
     parser.add_argument("--out", type=Path, default=RESULTS)
     options = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
@@ -233,16 +317,17 @@ def main(argv: list[str] | None = None) -> None:
     receiver.start()
     endpoint = f"http://127.0.0.1:{port_out.get(timeout=60)}"
     try:
-        sim = run_section(sim_backend, bench_args(options.ranks), endpoint, options.repeats, options.seconds)
+        sim = run_section(bench_args(options.ranks), False, endpoint, options.repeats, options.seconds, counts)
         procs = None
         if options.process_ranks:
             args = bench_args(options.process_ranks)
-            procs = run_section(process_backend, args, endpoint, options.repeats, options.seconds)
+            procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts)
+        capacity = None if options.no_capacity else exporter_capacity(endpoint, options.seconds)
     finally:
         stop.set()
         receiver.join(10)
-    command = " ".join([".venv/bin/python -m bench.bench_tracing", *sys.argv[1:]])
-    text = report(sim, procs, options, counts.value, command)
+    command = " ".join([".venv/bin/python -m bench.bench_tracing", *(sys.argv[1:] if argv is None else argv)])
+    text = report(sim, procs, capacity, options, command)
     print(text)
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(text)

@@ -86,13 +86,18 @@ async def serving(
             backend.close()
 
 
-def bad_fields(error: grpc.aio.AioRpcError) -> set[str]:
-    """The field names of the BadRequest carried by an INVALID_ARGUMENT error."""
+def bad_request(error: grpc.aio.AioRpcError) -> list[error_details_pb2.BadRequest.FieldViolation]:
+    """The field violations of the BadRequest carried by an INVALID_ARGUMENT error."""
     status = rpc_status.from_call(error)
     assert status is not None, f"no rich status in {error.code()}: {error.details()}"
-    names: set[str] = set()
+    violations = []
     for detail in status.details:
         bad = error_details_pb2.BadRequest()
         assert detail.Unpack(bad)
-        names |= {violation.field for violation in bad.field_violations}
-    return names
+        violations += bad.field_violations
+    return violations
+
+
+def bad_fields(error: grpc.aio.AioRpcError) -> set[str]:
+    """The field names of the BadRequest carried by an INVALID_ARGUMENT error."""
+    return {violation.field for violation in bad_request(error)}

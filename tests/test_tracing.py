@@ -7,18 +7,15 @@ import asyncio
 import collections
 import io
 import time
-from concurrent import futures
-from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from control.host.backends import ProcessBackend, SimBackend
 from control.host.controller import Controller
 from control.host.serve import run_serve
+from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import (
     ENDPOINT_ENV,
     RANK_OBSERVER,
@@ -34,98 +31,25 @@ from control.telemetry.tracing import (
     SampleReason,
     forget_run,
     hot_ranks,
-    make_span,
     new_span_id,
     rank_resource,
     rank_span_id,
     round_root_span_id,
     round_trace_id,
     sample_reason,
-    span_context,
 )
 from engine.rows import Row
 from tests.helpers import sim_args
+from tests.otlp_receiver import OtlpReceiver
+from tests.otlp_receiver import attrs as _attrs
 from workloads import ClosedLoop, Fixed, Workload
-
-# -- a real OTLP/gRPC receiver ----------------------------------------------------------------------
-
-
-class _Traces(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, receiver: OtlpReceiver) -> None:
-        self.receiver = receiver
-
-    def Export(self, request: Any, context: Any) -> Any:
-        mode = self.receiver.mode
-        if mode == "unavailable":
-            self.receiver.refused += 1
-            context.abort(grpc.StatusCode.UNAVAILABLE, "collector overloaded")
-        if mode == "sleep":
-            self.receiver.slept += 1
-            time.sleep(3.0)  # longer than the exporters' timeout
-        self.receiver.requests.append(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-class _Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
-    def __init__(self, receiver: OtlpReceiver) -> None:
-        self.receiver = receiver
-
-    def Export(self, request: Any, context: Any) -> Any:
-        self.receiver.metric_requests.append(request)
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-
-@dataclass
-class OtlpReceiver:
-    """opentelemetry-proto's TraceService (and MetricsService) in a grpc server on port 0, keeping every request.
-
-    `mode`: "ok" accepts, "unavailable" answers UNAVAILABLE, "sleep" holds each call past the timeout.
-    """
-
-    mode: str = "ok"
-    requests: list[Any] = field(default_factory=list)
-    metric_requests: list[Any] = field(default_factory=list)
-    refused: int = 0
-    slept: int = 0
-    port: int = 0
-    server: Any = None
-
-    def start(self) -> OtlpReceiver:
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Traces(self), self.server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(self), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        return self
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spans(self) -> list[tuple[dict[str, Any], Any]]:
-        """(resource attributes, span) of everything received."""
-        out = []
-        for request in list(self.requests):
-            for resource_spans in request.resource_spans:
-                resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    out += [(resource, span) for span in scope_spans.spans]
-        return out
-
-
-def _value(any_value: Any) -> Any:
-    return getattr(any_value, any_value.WhichOneof("value"))
-
-
-def _attrs(span: Any) -> dict[str, Any]:
-    return {a.key: _value(a.value) for a in span.attributes}
 
 
 @pytest.fixture
 def receiver():
     rec = OtlpReceiver().start()
     yield rec
-    rec.server.stop(0)
+    rec.stop()
 
 
 def telemetry_ns(*argv: str) -> argparse.Namespace:
@@ -146,7 +70,12 @@ def gate_args(**overrides: Any):
 
 
 def test_round_context_is_derived_alike_everywhere_and_differs_by_run_and_round():
-    # Same (run, round) -> same ids on any rank or process; another run or round -> other ids.
+    # Same (run, round) -> same ids on any rank or process; another run or round -> other ids; the
+    # sampler's cached hashing gives the very ids `round_trace_id` derives.
+    sampler = RoundSampler("run-a", 1.0, 1.0)
+    assert [sampler.decide(r, (Row(),), None).trace_id for r in (0, 7, 12345)] == [  # type: ignore[union-attr]
+        round_trace_id("run-a", r) for r in (0, 7, 12345)
+    ]
     assert round_trace_id("run-a", 7) == round_trace_id("run-a", 7)
     assert round_trace_id("run-a", 7) != round_trace_id("run-b", 7) != round_trace_id("run-a", 8)
     assert round_root_span_id("run-a", 7) not in {rank_span_id("run-a", 7, r) for r in range(8)}
@@ -157,36 +86,59 @@ def test_round_context_is_derived_alike_everywhere_and_differs_by_run_and_round(
 def test_sampling_is_one_decision_for_every_rank_and_the_controller():
     # Ratio sampling is a function of the trace id: independent samplers agree on every round, at ~the rate.
     rows = (Row(rank=0, batch_size=1), Row(rank=1, batch_size=1))
-    samplers = [RoundSampler("run-x", 0.1) for _ in range(4)]
+    samplers = [RoundSampler("run-x", 0.1, 0.1) for _ in range(4)]
     picked = [[s.decide(r, rows, None) is not None for r in range(4000)] for s in samplers]
     assert picked[0] == picked[1] == picked[2] == picked[3]
     assert 300 < sum(picked[0]) < 500
 
 
-def test_rounds_that_matter_are_always_traced():
-    # Open vote, config change, watermark crossing: traced even at rate 0; nothing else is.
-    never = RoundSampler("run-y", 0.0).ratio
+def test_config_and_watermark_rounds_are_always_traced_and_windows_at_their_own_rate():
+    # Config change, watermark crossing: traced even at rate 0. A window-open round is traced when its
+    # trace id falls under the window rate; the reason says the rarest rule (config over open).
+    never = RoundSampler("run-y", 0.0, 0.0).ratio
+    always = RoundSampler("run-y", 1.0, 1.0).ratio
     calm = (Row(rank=0, pool_pages_used=10, pool_pages_usable=100), Row(rank=1, pool_pages_usable=100))
     opened = (Row(rank=0, decision_point=1, decision_open=True), Row(rank=1, decision_point=1, decision_open=True))
     hot = (Row(rank=0, pool_pages_used=95, pool_pages_usable=100), Row(rank=1, pool_pages_usable=100))
 
-    def reason(rows, previous, adopted=None):
-        return sample_reason(1, rows, hot_ranks(rows), previous and hot_ranks(previous), adopted, never)
+    def reason(rows, previous, adopted=None, window=never):
+        before = hot_ranks(previous) if previous else 0
+        return sample_reason(1, rows, hot_ranks(rows), before, adopted, never, window)
 
     assert reason(calm, ()) is None
-    assert reason(opened, calm) is SampleReason.OPEN
+    assert reason(opened, calm) is None  # window rate 0: not traced
+    assert reason(opened, calm, window=always) is SampleReason.OPEN
     assert reason(calm, calm, 3) is SampleReason.CONFIG
+    assert reason(opened, calm, 3, window=always) is SampleReason.CONFIG  # not hidden behind "open"
     assert reason(hot, calm) is SampleReason.WATERMARK
     assert reason(hot, hot) is None  # still above: not a crossing
     assert reason(hot, ()) is SampleReason.WATERMARK  # the first round: nothing was above before
-    assert sample_reason(1, hot, hot_ranks(hot), None, None, never) is SampleReason.WATERMARK  # unknown: keep root
+    unknown = sample_reason(1, hot, hot_ranks(hot), None, None, never, never)
+    assert unknown is SampleReason.WATERMARK  # previous round unknown: keep the root
     gate_off = (Row(rank=0, decision_point=0, decision_open=True),)  # R8: always open, but no window
-    assert reason(gate_off, ()) is None
+    assert reason(gate_off, (), window=always) is None
+
+
+def test_window_rate_samples_window_rounds_at_its_rate_and_agrees_across_samplers():
+    # Every sampler of a run picks the same window rounds, about the window rate of them; ordinary
+    # rounds only at the ordinary rate (the issue: tracing every window-open round cost ~30%).
+    opened = (Row(rank=0, batch_size=1, decision_point=2, decision_open=True),)
+    calm = (Row(rank=0, batch_size=1),)
+    picked = []
+    for _ in range(2):
+        sampler = RoundSampler("run-w", 0.01, 0.2)
+        picked.append([sampler.decide(r, opened if r % 4 == 0 else calm, None) for r in range(8000)])
+    assert [c is not None for c in picked[0]] == [c is not None for c in picked[1]]
+    windows = [c for r, c in enumerate(picked[0]) if r % 4 == 0]
+    others = [c for r, c in enumerate(picked[0]) if r % 4]
+    assert 300 < sum(c is not None for c in windows) < 500  # ~20% of 2000
+    assert sum(c is not None for c in others) < 120  # ~1% of 6000
+    assert {c.reason for c in others if c is not None} == {SampleReason.RATIO}
 
 
 def test_sampler_watermark_rule_uses_the_previous_round():
     # The sampler remembers the previous round's hot ranks, and asked twice for a round answers alike.
-    sampler = RoundSampler("run-z", 0.0)
+    sampler = RoundSampler("run-z", 0.0, 0.0)
     calm = (Row(rank=0, pool_pages_used=10, pool_pages_usable=100),)
     hot = (Row(rank=0, pool_pages_used=95, pool_pages_usable=100),)
     assert sampler.decide(0, calm, None) is None
@@ -232,6 +184,12 @@ def test_endpoint_forms_env_fallback_and_other_flags(monkeypatch):
         telemetry_settings(telemetry_ns(), {ENDPOINT_ENV: "jaeger:port"})
     with pytest.raises(ValueError, match="--trace-sample-rate"):
         telemetry_settings(telemetry_ns("--trace-sample-rate", "1.5"), {})
+    with pytest.raises(ValueError, match="--trace-window-sample-rate"):
+        telemetry_settings(telemetry_ns("--trace-window-sample-rate", "nan"), {})
+    with pytest.raises(ValueError, match="--trace-request-rate"):
+        telemetry_settings(telemetry_ns("--trace-request-rate", "-1"), {})
+    lifted = telemetry_settings(telemetry_ns("--trace-sample-rate", "0.3", "--trace-window-sample-rate", "0.1"), {})
+    assert lifted.window_sample_rate == 0.3  # window rounds are never sampled less than any round
     with pytest.raises(ValueError, match="--metrics-port"):
         telemetry_settings(telemetry_ns("--metrics-port", "70000"), {})
     spec = rank_observer_spec(telemetry_ns("--otlp-endpoint", "localhost:4317"), "run-1", 3)
@@ -244,29 +202,53 @@ def test_unreachable_collector_loses_spans_countably_and_offers_never_wait():
     from engine.drivers.procs import free_port
 
     endpoint = parse_otlp_endpoint(f"127.0.0.1:{free_port()}")
-    shipper = build_shipper(endpoint, ShipperConfig(max_queue_spans=8, batch_spans=4, export_timeout_s=2.0))
+    config = ShipperConfig(max_queue_spans=8, batch_spans=4, export_timeout_s=2.0, retry_s=0.5)
+    shipper = build_shipper(endpoint, config)
     counter = DropCounter()
-    resource = rank_resource("run-u", 0, 1)
-    spans = [make_span("plan", span_context(7, new_span_id()), None, resource, 1, 2, {}) for _ in range(4)]
+    who = producer(rank_resource("run-u", 0, 1), "test", "0")
+    spans = [SpanData(7, new_span_id(), 0, "plan", KIND_INTERNAL, 1, 2, {}) for _ in range(4)]
     started = time.perf_counter()
     for _ in range(3):
-        shipper.offer(spans, counter)
+        shipper.offer(spans, who, counter)
     assert time.perf_counter() - started < 1.0  # well under one export timeout: offering never waits on it
     shipper.flush(6.0)
-    assert counter.total == 12 and counter.refused % 4 == 0 and counter.failed >= 4  # whole offers refused
+    # Whole offers refused; nobody listening is a definite failure (not "unconfirmed"), after the retries.
+    assert counter.total == 12 and counter.refused % 4 == 0 and counter.failed >= 4 and counter.unconfirmed == 0
+    assert shipper.health().state == "failing" and "UNAVAILABLE" in shipper.health().detail
     started = time.perf_counter()
     shipper.close(1.0)
     assert time.perf_counter() - started < 5.0  # bounded by its timeout, not by the dead collector
-    assert not shipper.offer(spans, counter) and counter.refused >= 4  # closed: refused, counted
+    assert not shipper.offer(spans, who, counter) and counter.refused >= 4  # closed: refused, counted
+    assert counter.offered == 16 == counter.total
 
 
 # -- three rank processes against a real receiver ---------------------------------------------------
 
 
+def is_request(span: Any) -> bool:
+    return span.kind == trace_pb2.Span.SPAN_KIND_SERVER
+
+
+def assert_roots_cover_their_trees(spans: list[tuple[dict[str, Any], Any]]) -> int:
+    """Every round root starts no later and ends no earlier than each span of its trace; returns the roots."""
+    traces: dict[bytes, list[Any]] = collections.defaultdict(list)
+    for _, span in spans:
+        if not is_request(span):
+            traces[span.trace_id].append(span)
+    for trace in traces.values():
+        [root] = [span for span in trace if span.name == "round"]
+        assert root.end_time_unix_nano > root.start_time_unix_nano  # never zero-length (round 0 was)
+        for span in trace:
+            assert root.start_time_unix_nano <= span.start_time_unix_nano, (root, span)
+            assert span.end_time_unix_nano <= root.end_time_unix_nano, (root, span)
+    return len(traces)
+
+
 def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpReceiver, monkeypatch):
     # Every round the sampling rules pick arrives as one trace: the controller's root and all 3 ranks'
-    # gate.round spans with plan/all-gather/forward under each, every parent present; request spans
-    # carry the gate wait and TTFT and link to their rank's round spans.
+    # gate.round spans with plan/all-gather/forward under each, every parent present, the root covering
+    # every rank's span; request spans are SERVER spans with the GenAI attributes, the gate wait and
+    # TTFT, and link to their rank's round spans. The summary says what was traced and dropped.
     monkeypatch.delenv(ENDPOINT_ENV, raising=False)
     ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "0.2")
     run_id = "trace-e2e"
@@ -278,9 +260,10 @@ def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpRe
     records = []
     controller.listeners.append(records.append)
     ns.no_progress = True
-    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0  # serve's path
+    out = io.StringIO()
+    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=out)) == 0  # serve's path
 
-    sampler = RoundSampler(run_id, 0.2)  # a fresh, independent sampler of the same run
+    sampler = RoundSampler(run_id, 0.2, 0.2)  # a fresh, independent sampler of the same run
     forget_run(run_id)
     expected = {rec.round: sampler.decide(rec.round, rec.rows, rec.adopted_epoch) for rec in records}
     expected = {r: ctx for r, ctx in expected.items() if ctx is not None}
@@ -291,9 +274,10 @@ def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpRe
     spans = receiver.spans()
     traces: dict[bytes, list[tuple[dict[str, Any], Any]]] = collections.defaultdict(list)
     for resource, span in spans:
-        if span.name != "request":
+        if not is_request(span):
             traces[span.trace_id].append((resource, span))
     assert len(traces) == len(expected)
+    assert assert_roots_cover_their_trees(spans) == len(expected)  # the last round's root too
     for round_, ctx in expected.items():
         trace = traces[ctx.trace_id.to_bytes(16, "big")]
         by_id = {span.span_id: span for _, span in trace}
@@ -302,11 +286,12 @@ def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpRe
         assert len(roots) == 1 and not roots[0].parent_span_id
         assert roots[0].span_id == ctx.root_span_id.to_bytes(8, "big")
         assert _attrs(roots[0])["gate.round"] == round_ and _attrs(roots[0])["gate.sample_reason"] == ctx.reason
-        ranks = {res["rank"]: span for res, span in trace if span.name == "gate.round"}
+        ranks = {res["prefill_gate.rank"]: span for res, span in trace if span.name == "gate.round"}
         assert sorted(ranks) == [0, 1, 2]
         for rank, span in ranks.items():
             assert span.parent_span_id == roots[0].span_id
             assert span.span_id == rank_span_id(run_id, round_, rank).to_bytes(8, "big")
+            assert span.kind == trace_pb2.Span.SPAN_KIND_INTERNAL
             attrs = _attrs(span)
             assert attrs["gate.round"] == round_ and attrs["gate.rank"] == rank
             assert {
@@ -323,14 +308,23 @@ def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpRe
     resources = [res for res, span in spans if span.name == "gate.round"]
     assert {res["service.instance.id"] for res in resources} == {f"{run_id}/rank{r}" for r in range(3)}
     assert {res["service.name"] for res in resources} == {"prefill-gate"}
+    assert all(res["service.version"] and "rank" not in res for res, _ in spans)  # namespaced, versioned
 
-    rank_spans = {(s.trace_id, s.span_id): res["rank"] for res, s in spans if s.name == "gate.round"}
-    requests = [span for _, span in spans if span.name == "request"]
+    rank_spans = {(s.trace_id, s.span_id): res["prefill_gate.rank"] for res, s in spans if s.name == "gate.round"}
+    requests = [span for _, span in spans if is_request(span)]
     assert len(requests) == 18
     linked = 0
     for span in requests:
         attrs = _attrs(span)
-        assert attrs["gate.wait_rounds"] >= 0 and attrs["gate.wait_seconds"] >= 0 and attrs["request.ttft_seconds"] > 0
+        assert span.name == "text_completion sim/h200-dp8-ep8"  # {gen_ai.operation.name} {gen_ai.request.model}
+        assert attrs["gen_ai.operation.name"] == "text_completion"
+        assert attrs["gen_ai.request.model"] == "sim/h200-dp8-ep8"
+        assert attrs["gen_ai.usage.input_tokens"] == 200 and attrs["gen_ai.usage.output_tokens"] == 20
+        assert attrs["gen_ai.request.max_tokens"] == 20 and attrs["gen_ai.response.finish_reasons"] == ["length"]
+        assert attrs["gen_ai.response.id"].startswith("r") and attrs["prefill_gate.request.prefix_hit"] is False
+        assert not any(key.startswith("request.") for key in attrs)
+        assert attrs["gate.wait_rounds"] >= 0 and attrs["gate.wait_seconds"] >= 0
+        assert attrs["prefill_gate.request.ttft_seconds"] > 0
         names = [e.name for e in span.events]
         assert {"admitted", "prefill_chunk", "first_token"} <= set(names) and names[-1] == "first_token"
         for link in span.links:
@@ -338,6 +332,9 @@ def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpRe
             linked += 1
     assert linked >= len(requests)
     assert trace_spans_dropped(controller) == 0
+    summary = out.getvalue()
+    assert f"rounds traced {len(expected)}/{len(records)}" in summary and "spans dropped 0 (ranks 0;" in summary
+    assert "untraced over 100/s 0" in summary and "WARNING" not in summary
 
 
 async def _measure(
@@ -380,7 +377,7 @@ def test_failing_collectors_do_not_slow_rounds_and_drops_are_counted(receiver: O
     ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0")
     run_id = "trace-bad-collector"
     observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
-    kwargs.update(queue_spans=512, export_timeout_s=0.3, flush_timeout_s=0.5)
+    kwargs.update(queue_spans=512, export_timeout_s=0.3, close_timeout_s=0.5)
     backend = ProcessBackend(args, workload(), observer=observer, observer_kwargs=kwargs)
     traced = Controller(args, backend, run_id=run_id, stop_when_idle=False)
     steps = [("unavailable", 1.0), ("sleep", 1.0)]
@@ -411,12 +408,13 @@ def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceive
     controller.listeners.append(records.append)
     assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
 
-    sampler = RoundSampler(run_id, 0.1)  # a fresh, independent sampler: it must pick the same rounds
+    sampler = RoundSampler(run_id, 0.1, 0.1)  # a fresh, independent sampler: it must pick the same rounds
     forget_run(run_id)
     expected = {rec.round for rec in records if sampler.decide(rec.round, rec.rows, rec.adopted_epoch)}
-    spans = [(res, span) for res, span in receiver.spans() if span.name != "request"]
+    spans = [(res, span) for res, span in receiver.spans() if not is_request(span)]
     roots = {_attrs(span)["gate.round"] for _, span in spans if span.name == "round"}
     assert roots == expected and len(spans) == 13 * len(expected)
+    assert assert_roots_cover_their_trees(receiver.spans()) == len(expected)
     gathers = [_attrs(span) for _, span in spans if span.name == "all-gather"]
     assert gathers and all(attrs == {"gate.lockstep": True} for attrs in gathers)
-    assert len([span for res, span in receiver.spans() if span.name == "request"]) == 24
+    assert len([span for res, span in receiver.spans() if is_request(span)]) == 24

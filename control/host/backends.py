@@ -52,6 +52,15 @@ class Polled:
     workload_done: bool = False  # the workload will issue nothing more (as of these submissions)
     stopped: bool = False  # every rank left its loop
 
+    def add(self, later: Polled) -> None:
+        """Append what a later poll produced."""
+        self.records += later.records
+        self.events += later.events
+        self.itl += later.itl
+        self.submitted += later.submitted
+        self.stopped |= later.stopped
+        self.workload_done = later.workload_done
+
 
 def loads_of(record: RoundRecord | None, size: int) -> list[int]:
     """Per-rank load for routing: waiting plus running requests of the latest rows."""
@@ -100,6 +109,7 @@ class SimBackend:
         observer: str | None = None,
         observer_kwargs: dict[str, Any] | None = None,
         record_queue_size: int = 8192,
+        sink: Callable[[Polled], None] | None = None,
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
@@ -113,6 +123,7 @@ class SimBackend:
         self.max_rounds = max_rounds
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._out: queue.SimpleQueue[Polled] = queue.SimpleQueue()
+        self._put = sink or self._out.put  # each round's output: to `poll`, or to the sink (sim_child.py)
         self._thread = threading.Thread(target=self._loop, name="prefill-gate-sim", daemon=True)
         self._stop_now = threading.Event()
         self._error: BaseException | None = None
@@ -125,6 +136,10 @@ class SimBackend:
 
     def start(self) -> None:
         self._thread.start()
+
+    def run(self) -> None:
+        """Step the simulator in the calling thread until it stops (what `start` runs in a thread)."""
+        self._loop()
 
     def submit(self, rank: int, spec: RequestSpec) -> None:
         self._commands.put(lambda: self.driver.submit(rank, spec))
@@ -141,6 +156,11 @@ class SimBackend:
     def now(self) -> float:
         return self.driver.now()
 
+    @property
+    def observer_dropped(self) -> dict[int, int]:
+        """Each rank's round observer's count of dropped items (in this process, so always current)."""
+        return {e.rank: getattr(e.observer, "dropped", 0) for e in self.driver.engines if e.observer is not None}
+
     def records_dropped(self) -> int:
         with self._records_lock:
             return self._records_dropped
@@ -154,12 +174,7 @@ class SimBackend:
                 part = self._out.get_nowait()
             except queue.Empty:
                 break
-            merged.records += part.records
-            merged.events += part.events
-            merged.itl += part.itl
-            merged.submitted += part.submitted
-            merged.stopped |= part.stopped
-            merged.workload_done = part.workload_done
+            merged.add(part)
         with self._records_lock:
             self._records_waiting -= len(merged.records)
         return merged
@@ -186,17 +201,17 @@ class SimBackend:
                     self._latest = record
                     self._hand_off(record, polled)
                 polled.stopped = outcomes[0].stop or (self.max_rounds is not None and rounds >= self.max_rounds)
-                self._out.put(polled)
+                self._put(polled)
                 if polled.stopped:
                     return
                 if self.driver.idle(outcomes):
                     self._idle(started)
                 elif self.pace:
                     self._keep_pace(started)
-            self._out.put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
+            self._put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
-            self._out.put(Polled(stopped=True))
+            self._put(Polled(stopped=True))
 
     def _run_commands(self, wait_s: float = 0.0) -> None:
         """Apply queued commands between rounds; wait up to `wait_s` for the first."""
@@ -270,6 +285,8 @@ class ProcessBackend:
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
         self._pending = Polled()
+        # Each exited rank's final count of what its round observer dropped (its last row precedes its flush).
+        self.observer_dropped: dict[int, int] = {}
         self.origin = 0.0
 
     def start(self) -> None:
@@ -320,6 +337,7 @@ class ProcessBackend:
                 raise RankFailure(message.rank, message.error, message.detail)
             elif isinstance(message, RankExited):
                 self._exited.add(message.rank)
+                self.observer_dropped[message.rank] = message.observer_dropped
         self.driver.raise_if_failed()
         self._feed(polled)
         polled.stopped = len(self._exited) == self.dp_size

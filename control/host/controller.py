@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from control.host.backends import Backend, Polled, loads_of
 from control.plane.hub import RoundHub
-from engine.config import ANY_FLAG, ATTEMPT_FLAG, MAX_INTERVAL, PrefillDelay, ServerArgs
+from engine.config import ANY_FLAG, ATTEMPT_FLAG, PrefillDelay, ServerArgs
 from engine.metrics import RunMetrics, Summary
 from engine.record import RoundRecord
 from engine.request import (
@@ -28,6 +28,7 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     Refused,
     RequestError,
     RequestEvent,
@@ -137,6 +138,7 @@ class Controller:
         self.config = ConfigView(0, args.prefill_delay, self.policy)
         self._accepted_epoch = 0
         self._accepted_args = args
+        self._adopted_round = 0  # the round after which the config in force was adopted (0: at launch)
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._streams: dict[str, RequestStream] = {}
         self._live: dict[str, int] = {}  # request id -> rank, until it ends
@@ -145,6 +147,9 @@ class Controller:
         self._started_wall = time.monotonic()
         self._stop_requested = False
         self._killed = False
+        self.failure: str | None = None  # why the run ended abnormally (a crash, a lost rank, a kill)
+        self.stalled = False  # set by whoever watches health (the control plane), so every view agrees
+        self._tokens_seen: dict[str, int] = {}  # output tokens the controller saw per live request
         self._workload_done = False
         self.draining = asyncio.Event()  # set by request_stop: health flips at once, not at the next poll
         self.stopped = asyncio.Event()
@@ -158,7 +163,11 @@ class Controller:
         self._started_wall = time.monotonic()
 
     async def run(self, poll_interval_s: float = 0.002) -> None:
-        """Pump until every rank stopped; the backend is closed on the way out."""
+        """Pump until every rank stopped; the backend is closed on the way out.
+
+        A run that ends any other way than every rank leaving after the same round (a rank's failure,
+        a lost process, a kill) sets `failure`, fails every round stream with it, and re-raises.
+        """
         try:
             while not self._killed:
                 polled = self.pump()
@@ -167,16 +176,38 @@ class Controller:
                     break
                 self._check_bounds()
                 await asyncio.sleep(poll_interval_s if not polled.records else 0)
+            if self._killed:
+                self.failure = "the engine was killed without an agreed stop (a second Ctrl-C or kill())"
+        except BaseException as exc:
+            self.failure = _one_line(exc)
+            raise
         finally:
-            self.state = "stopped"
+            self.state = "failed" if self.failure else "stopped"
             self.backend.close()
             for waiter in self._waiters.values():
                 if not waiter.done():
                     waiter.set_exception(Draining("the engine stopped before adopting the change"))
-            now = self.backend.now()
-            for stream in self._streams.values():  # their ranks are gone: end every open stream
-                stream.queue.put_nowait(Finished(stream.rid, stream.rank, -1, now, FinishReason.ABORT, 0))
+            self._cut_off_live()
+            if self.failure:
+                last = self.latest.round if self.latest else None
+                self.hub.fail_all(f"{self.failure} (last round published: {last})")
             self.stopped.set()
+
+    def _cut_off_live(self) -> None:
+        """Requests no rank reported ending are cut off: every one ends, counted and streamed."""
+        if not self._live:
+            return
+        if self.failure:
+            detail = f"cut off: {self.failure}"
+        else:
+            detail = f"cut off: the engine stopped after round {self.latest.round if self.latest else 0}"
+        now = self.backend.now()
+        events: list[RequestEvent] = [
+            Finished(rid, rank, -1, now, FinishReason.CUT_OFF, self._tokens_seen.get(rid, 0), detail)
+            for rid, rank in self._live.items()
+        ]
+        self.metrics.add_events(events)
+        self._route_events(events)
 
     def pump(self) -> Polled:
         """Move one poll's worth of engine output to every consumer."""
@@ -218,6 +249,7 @@ class Controller:
         else:
             return
         self.config = ConfigView(epoch, delay, record.policy)
+        self._adopted_round = adopted_round
         for waiting in [e for e in self._waiters if e <= epoch]:
             waiter = self._waiters.pop(waiting)
             if not waiter.done():
@@ -225,9 +257,18 @@ class Controller:
 
     def _route_events(self, events: list[RequestEvent]) -> None:
         for event in events:
+            if isinstance(event, ProposalRefused):
+                self._proposal_refused(event)
+                continue
             stream = self._streams.get(event.rid)
             if isinstance(event, Finished | Refused):
                 self._live.pop(event.rid, None)
+                self._tokens_seen.pop(event.rid, None)
+            elif isinstance(event, Tokens) and event.rid in self._live:
+                self._tokens_seen[event.rid] = self._tokens_seen.get(event.rid, 0) + len(event.tokens)
+            elif isinstance(event, FirstToken) and event.rid in self._live:
+                # The simulator reports no token ids: its first token is all a crash leaves countable.
+                self._tokens_seen[event.rid] = max(1, self._tokens_seen.get(event.rid, 0))
             if stream is None:
                 continue
             if isinstance(event, Admitted):
@@ -238,6 +279,12 @@ class Controller:
                 stream.queue.put_nowait(event)
             if isinstance(event, Finished | Refused):
                 del self._streams[event.rid]
+
+    def _proposal_refused(self, event: ProposalRefused) -> None:
+        """Rank 0 refused a proposal (only one handed to the backend past `update_intervals` can be)."""
+        waiter = self._waiters.pop(event.epoch, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConfigRejected(event.error, [("attempt_interval", event.error)]))
 
     def _check_bounds(self) -> None:
         if self._stop_requested:
@@ -256,7 +303,7 @@ class Controller:
 
     def request_stop(self) -> None:
         """Drain: take no new work, and have every rank stop after the same round (no-op once stopped)."""
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             return
         self._stop_requested = True
         self.state = "draining"
@@ -270,6 +317,20 @@ class Controller:
         if self.state != "serving":
             return False
         return time.monotonic() - self._last_record_wall <= self.stall_after_s
+
+    @property
+    def ended(self) -> bool:
+        """The run is over, cleanly or not: nothing reaches a rank any more."""
+        return self.state in ("stopped", "failed")
+
+    @property
+    def reported_state(self) -> str:
+        """The state every surface reports: `state`, or "stalled" while the health watcher says so."""
+        return "stalled" if self.state == "serving" and self.stalled else self.state
+
+    def last_round_age_s(self) -> float:
+        """Wall seconds since the newest round arrived (0 before the first)."""
+        return time.monotonic() - self._last_record_wall if self.latest is not None else 0.0
 
     def summary(self) -> Summary:
         """The run's figures so far."""
@@ -300,8 +361,8 @@ class Controller:
     def validate_intervals(self, attempt: int | None, any_: int | None, *, disable: bool = False) -> ServerArgs:
         """A candidate copy of the arguments with the new intervals, validated like startup (C3).
 
-        Each field's own range is checked first so that every bad field is named at once; the read of
-        `prefill_delay` on the candidate stays the final word on the combination.
+        The read of `prefill_delay` on the candidate is the only check of the values: the caller gets
+        exactly its ValueError text, once as the message and once per field it names as at fault.
         """
         given = (("attempt_interval", attempt), ("any_interval", any_))
         if disable and (attempt is not None or any_ is not None):
@@ -312,19 +373,13 @@ class Controller:
                 "give attempt_interval and any_interval, or disable",
                 [(name, "required unless disable is true") for name, _ in given],
             )
-        out_of_range = [
-            (name, f"must be an integer in [1, {MAX_INTERVAL}], got {value}")
-            for name, value in given
-            if value is not None and not 1 <= value <= MAX_INTERVAL
-        ]
-        if out_of_range:
-            raise ConfigRejected("; ".join(f"{name} {text}" for name, text in out_of_range), out_of_range)
         try:
             candidate = self._accepted_args.replace(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
             candidate.prefill_delay  # noqa: B018 - the read is the validation
         except ValueError as exc:
             message = str(exc)
-            fields = sorted({FIELD_OF_FLAG[m.group(0)] for m in _FLAG_PATTERN.finditer(message)})
+            flags = getattr(exc, "flags", ()) or [m.group(0) for m in _FLAG_PATTERN.finditer(message)]
+            fields = [FIELD_OF_FLAG[flag] for flag in dict.fromkeys(flags) if flag in FIELD_OF_FLAG]
             raise ConfigRejected(message, [(name, message) for name in fields or ["attempt_interval"]]) from exc
         return candidate
 
@@ -338,7 +393,7 @@ class Controller:
         validate_only: bool = False,
     ) -> IntervalUpdate:
         """Validate, then have every rank adopt the change on the same round (G1)."""
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             raise Draining("the engine is draining")
         candidate = self.validate_intervals(attempt, any_, disable=disable)
         if expected_epoch is not None and expected_epoch != self._accepted_epoch:
@@ -347,6 +402,11 @@ class Controller:
         if validate_only:
             view = ConfigView(self._accepted_epoch, delay, self.policy)
             return IntervalUpdate(view, self.latest.round if self.latest else 0, True)
+        if delay == self._accepted_args.prefill_delay:  # nothing changes: no new epoch (disable twice, ...)
+            epoch = self._accepted_epoch
+            pending = self._waiters.get(epoch)
+            adopted_round = await asyncio.shield(pending) if pending is not None else self._adopted_round
+            return IntervalUpdate(ConfigView(epoch, delay, self.policy), adopted_round, False)
         self._accepted_epoch += 1
         self._accepted_args = candidate
         epoch = self._accepted_epoch
@@ -364,7 +424,7 @@ class Controller:
         Raises Draining, RequestRejected (every bad field named) or DuplicateRequest. A request reaches a
         rank only once it passes the checks the rank would make, so no rank refuses it later.
         """
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             raise Draining("the engine is draining")
         if spec is None:
             rid = str(fields.pop("rid", "") or f"req-{self.run_id}-{next(self._ids)}")
@@ -404,6 +464,11 @@ class Controller:
             return False
         self.backend.abort(rank, rid)
         return True
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _delay_of(row: object) -> PrefillDelay | None:

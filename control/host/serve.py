@@ -18,10 +18,12 @@ from collections.abc import Awaitable, Callable
 from typing import TextIO
 
 from control.host.agent import agent_main
-from control.host.backends import Backend, ProcessBackend, SimBackend
+from control.host.backends import Backend, ProcessBackend
 from control.host.controller import Controller
 from control.host.nodes import NodePlan, cluster_driver, node_plan
+from control.host.sim_child import SimProcessBackend
 from control.telemetry.telemetry_cli import rank_observer_spec
+from control.telemetry.trace_status import TraceStatus, summary_lines, trace_status
 from engine.config import ServerArgs
 from engine.drivers.procs import RankFailure
 from engine.metrics import Summary
@@ -220,12 +222,13 @@ def check_run_args(ns: argparse.Namespace, args: ServerArgs) -> None:
 def build_backend(
     args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str, nodes: NodePlan | None = None
 ) -> Backend:
-    """Rank processes for the torch executor, the lockstep simulator for `--executor sim`; with `nodes`,
-    node 0's ranks and a link to every other node's agent."""
+    """Rank processes for the torch executor, the lockstep simulator (in a child process of its own, so
+    that the control plane's streams never take the engine's interpreter lock) for `--executor sim`; with
+    `nodes`, node 0's ranks and a link to every other node's agent."""
     spec = rank_observer_spec(ns, run_id, args.dp_size)  # None: tracing off, no observer at all
     observer, observer_kwargs = spec if spec is not None else (None, None)
     if args.executor == "sim" and not ns.processes:
-        return SimBackend(
+        return SimProcessBackend(
             args, workload, pace=ns.pace, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs
         )
     if ns.pace is not None:
@@ -246,8 +249,8 @@ def build_backend(
     )
 
 
-def format_summary(summary: Summary, simulated: bool) -> str:
-    """The closing summary, a few lines."""
+def format_summary(summary: Summary, simulated: bool, tracing: TraceStatus | None = None) -> str:
+    """The closing summary, a few lines (and tracing's, when it was on)."""
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:.1f} ms" if value is not None else "-"
@@ -262,7 +265,7 @@ def format_summary(summary: Summary, simulated: bool) -> str:
             f"summary{label}",
             f"  rounds {summary.rounds}  elapsed {summary.elapsed_s:.2f} s  requests finished "
             f"{summary.requests_finished}/{summary.requests_submitted} (aborted {summary.requests_aborted}, "
-            f"refused {summary.requests_refused})",
+            f"refused {summary.requests_refused}, cut off {summary.requests_cut_off})",
             f"  output tokens/s {tps}",
             f"  TTFT p50 {ms(summary.ttft_p50_s)}  p99 {ms(summary.ttft_p99_s)}",
             f"  ITL  p50 {ms(summary.itl_p50_s)}  p99 {ms(summary.itl_p99_s)}",
@@ -273,6 +276,7 @@ def format_summary(summary: Summary, simulated: bool) -> str:
             f"  prefix hits {summary.prefix_hit_requests}/{summary.requests_submitted} requests  "
             f"{summary.prefix_hit_tokens:,} of {summary.prompt_tokens:,} prompt tokens "
             f"({share(summary.prefix_hit_share)}) served from cache",
+            *(summary_lines(tracing) if tracing is not None else []),
         ]
     )
 
@@ -323,7 +327,8 @@ async def run_serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-    print("\n" + format_summary(controller.summary(), controller.args.executor == "sim"), file=out, flush=True)
+    summary = format_summary(controller.summary(), controller.args.executor == "sim", trace_status(controller))
+    print("\n" + summary, file=out, flush=True)
     return 0
 
 
@@ -361,6 +366,8 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
         return 1
     except RankFailure as exc:
         backend.close()
+        # What the run did before it failed, every request accounted for (cut off included).
+        print("\n" + format_summary(controller.summary(), args.executor == "sim"), flush=True)
         print(f"\nerror: {exc}", file=sys.stderr, flush=True)
         if exc.detail and os.environ.get("PREFILL_GATE_DEBUG"):
             print(exc.detail, file=sys.stderr, flush=True)  # the rank's traceback, for developers

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 import grpc
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, bearer_metadata
+from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, bearer_metadata, read_token_file
 from prefill_gate.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -38,7 +40,16 @@ from prefill_gate.v1 import types_pb2 as pb
 # A stream reader that wants fresh records keeps the transport's receive window small: with gRPC's
 # defaults (BDP probing) megabytes of old records pile up in HTTP/2 buffers before the server's own
 # bounded queue, which counts what it drops, ever fills (see PRACTICE.md).
-FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65536))
+# Lookahead 0: the window opens only for the read in progress, so nothing waits in HTTP/2 buffers while
+# the reader is busy (see WatchRounds in the proto).
+FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 0))
+# A record read later than this after rank 0 published it says how old it is.
+STALE_AFTER_S = 1.0
+# What gRPC says when no connection could be made (a server's own UNAVAILABLE, a crash or a drain, says why).
+_CONNECTION_FAILED = re.compile(
+    r"failed to connect|connection refused|socket closed|connection reset|handshake|end of tls|"
+    r"unexpected eof|dns resolution|deadline", re.IGNORECASE
+)
 POINTS = {pb.GATE_POINT_NONE: "-", pb.GATE_POINT_ANY: "ANY", pb.GATE_POINT_ALL: "ALL"}
 
 
@@ -50,7 +61,12 @@ def add_ctl_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         description="Read and change a running engine through its gRPC control plane.",
     )
     ctl.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT (default: %(default)s)")
-    ctl.add_argument("--token", default=None, help=f"admin token for changes (default: ${TOKEN_ENV})")
+    ctl.add_argument(
+        "--token",
+        default=None,
+        help=f"admin token for changes (default: ${TOKEN_ENV}); visible in `ps`: prefer --token-file or the variable",
+    )
+    ctl.add_argument("--token-file", default=None, metavar="FILE", help="read the admin token from FILE's first line")
     ctl.add_argument("--tls-ca", default=None, metavar="FILE", help="PEM CA certificate: connect with TLS")
     ctl.add_argument("--timeout", type=float, default=30.0, help="seconds a unary call may take")
     commands = ctl.add_subparsers(dest="ctl_command", required=True, metavar="CTL_COMMAND")
@@ -83,10 +99,10 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     """Run one `ctl` command; returns the exit code (0 ok, 1 refused or unreachable, 130 interrupted)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    token = ns.token or os.environ.get(TOKEN_ENV) or None
     try:
+        token = ns.token or read_token_file(ns.token_file, "--token-file") or os.environ.get(TOKEN_ENV) or None
         channel = _channel(ns.target, ns.tls_ca, watch=ns.ctl_command == "watch")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 1
     command = COMMANDS[ns.ctl_command]
@@ -94,7 +110,7 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         with channel:
             command(channel, ns, bearer_metadata(token), out)
     except grpc.RpcError as exc:
-        print(describe_error(exc), file=err)
+        print(describe_error(exc, tls=ns.tls_ca is not None), file=err)
         return 1
     except ValueError as exc:
         print(f"error: {exc}", file=err)
@@ -109,12 +125,16 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     return 0
 
 
-def describe_error(exc: grpc.RpcError) -> str:
-    """The status code, the server's message and every field violation, one per line."""
+def describe_error(exc: grpc.RpcError, *, tls: bool = False) -> str:
+    """The status code, the server's message and every field violation, one per line; for a connection
+    that failed, what to check (including TLS when the call was plaintext)."""
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-    lines = [f"error: {code.name}: {exc.details() if isinstance(exc, grpc.Call) else exc}"]
-    if code is grpc.StatusCode.UNAVAILABLE:
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    lines = [f"error: {code.name}: {details}"]
+    if code is grpc.StatusCode.UNAVAILABLE and _CONNECTION_FAILED.search(details or ""):
         lines.append("  is the engine running, and is --target right?")
+        if not tls:
+            lines.append("  if the server serves TLS (serve --tls-cert), connect with --tls-ca FILE")
     try:
         status = rpc_status.from_call(exc) if isinstance(exc, grpc.Call) else None
     except ValueError:
@@ -156,6 +176,11 @@ def format_round(record: pb.RoundRecord, *, rows: bool = False) -> str:
         line += f"  adopted e{record.adopted_epoch}"
     if record.dropped_before:
         line += f"  (dropped {record.dropped_before})"
+    if record.latest_round > record.round:  # a stream's record: how far behind it was when sent
+        line += f"  ({record.latest_round - record.round} behind)"
+    age = time.time() - record.unix_nanos / 1e9
+    if record.unix_nanos and age > STALE_AFTER_S:
+        line += f"  ({age:.1f} s old)"
     for row in record.ranks if rows else ():
         line += (
             f"\n    rank {row.rank:>2}: tok {row.num_tokens:>5} bs {row.batch_size:>3} ext {row.num_extends:>2} "
@@ -250,6 +275,10 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
     s = snapshot.stats
     head = f"run {snapshot.run_id}  {snapshot.dp_size} ranks  executor {snapshot.executor}  [{snapshot.state}]"
     print(head, file=out)
+    if snapshot.failure:
+        print(f"failed: {snapshot.failure}", file=out)
+    elif snapshot.state == "stalled":
+        print(f"stalled: no round for {snapshot.last_round_age_seconds:.1f} s", file=out)
     print(f"config: {format_config(snapshot.config)}", file=out)
     print(
         f"rounds {s.rounds} ({s.rounds_per_second:,.0f}/s engine clock)  history {snapshot.history_first_round}"
@@ -258,7 +287,8 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
     )
     print(
         f"requests {s.requests_finished}/{s.requests_submitted} finished, {s.requests_aborted} aborted, "
-        f"{s.requests_refused} refused  output tokens/s {s.output_tokens_per_second:,.1f}",
+        f"{s.requests_refused} refused, {s.requests_cut_off} cut off  "
+        f"output tokens/s {s.output_tokens_per_second:,.1f}",
         file=out,
     )
     print(
@@ -267,8 +297,24 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
         f"windows ANY {s.windows_any} ALL {s.windows_all}",
         file=out,
     )
+    if s.HasField("tracing"):
+        print(format_tracing(s.tracing), file=out)
     if snapshot.HasField("latest"):
         print(format_round(snapshot.latest, rows=True), file=out)
+
+
+def format_tracing(t: Any) -> str:
+    """One line on tracing: what was sampled, what was lost, how the exporter is (a TracingStatus)."""
+    if not t.enabled:
+        return "tracing: off"
+    share = f"{t.rounds_traced / t.rounds_seen:.1%}" if t.rounds_seen else "-"
+    line = (
+        f"tracing: {t.endpoint}  rounds traced {t.rounds_traced}/{t.rounds_seen} ({share})  requests untraced "
+        f"{t.requests_untraced}  spans dropped {t.spans_dropped}{'' if t.ranks_final else ' so far'} "
+        f"(queue full {t.spans_refused}, failed {t.spans_failed}, unconfirmed {t.spans_unconfirmed} here)  "
+        f"exporter {t.exporter_state}"
+    )
+    return line + (f": {t.exporter_detail}" if t.exporter_detail else "")
 
 
 COMMANDS: dict[str, Callable[[grpc.Channel, argparse.Namespace, tuple, TextIO], None]] = {

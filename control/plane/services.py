@@ -5,7 +5,8 @@ semantics; this module only translates values and turns the controller's excepti
 
 - invalid values: INVALID_ARGUMENT with a `google.rpc.BadRequest` naming every bad field;
 - a stale `expected_epoch`: FAILED_PRECONDITION; a resume point older than the history: OUT_OF_RANGE;
-- anything while the engine drains: UNAVAILABLE.
+- anything while the engine drains: UNAVAILABLE; a stream the engine's crash cut short: UNAVAILABLE with
+  the reason (never OK, which only a clean stop gives).
 
 Authentication of the mutating calls is not here: `control.plane.auth` intercepts them before a servicer runs.
 """
@@ -30,10 +31,10 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.hub import MAX_QUEUE, OutOfHistory, Subscriber
-from control.telemetry.telemetry_cli import trace_spans_dropped
+from control.plane.hub import MAX_QUEUE, OutOfHistory, StreamFailed, Subscriber
+from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
-from engine.request import Finished, FirstToken, Refused, RequestError, RequestEvent, Tokens
+from engine.request import Finished, FinishReason, FirstToken, Refused, RequestError, RequestEvent, Tokens
 from prefill_gate.convert import gate_config
 from prefill_gate.v1 import (
     admin_pb2,
@@ -65,7 +66,7 @@ async def abort_invalid(context: grpc.aio.ServicerContext, message: str, violati
     await context.abort_with_status(rpc_status.to_status(status))
 
 
-async def send(context: grpc.aio.ServicerContext, message: Message) -> bool:
+async def send(context: grpc.aio.ServicerContext, message: Message | bytes) -> bool:
     """Write one message of a server stream; False when the call is over (the client went away).
 
     A write that is waiting on flow control when the client cancels fails with grpc's internal
@@ -89,8 +90,8 @@ def config_message(view: ConfigView) -> pb.GateConfig:
     )
 
 
-def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) -> pb.RunStats:
-    """RunStats from the controller's summary; figures without a sample yet are 0."""
+def run_stats(summary: Summary, records_dropped: int, tracing: TraceStatus | None = None) -> pb.RunStats:
+    """RunStats from the controller's summary and tracing's status; figures without a sample yet are 0."""
     elapsed = summary.elapsed_s
     return pb.RunStats(
         rounds=summary.rounds,
@@ -110,15 +111,17 @@ def run_stats(summary: Summary, records_dropped: int, spans_dropped: int = 0) ->
         requests_finished=summary.requests_finished,
         requests_aborted=summary.requests_aborted,
         requests_refused=summary.requests_refused,
+        requests_cut_off=summary.requests_cut_off,
         output_tokens=summary.output_tokens,
         retractions=summary.retractions,
         records_dropped=records_dropped,
-        trace_spans_dropped=spans_dropped,
+        trace_spans_dropped=tracing.spans_dropped if tracing is not None else 0,
         elapsed_seconds=elapsed,
         prompt_tokens=summary.prompt_tokens,
         prefix_hit_requests=summary.prefix_hit_requests,
         prefix_hit_tokens=summary.prefix_hit_tokens,
         prefix_hit_share=summary.prefix_hit_share or 0.0,
+        tracing=tracing.as_proto() if tracing is not None else None,
     )
 
 
@@ -159,8 +162,11 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
         self.streams.add(subscriber)
         self._no_streams.clear()
         try:
-            while (message := await subscriber.next()) is not None and await send(context, message):
+            # One write at a time, each chosen when the previous one completed (freshness, see the proto).
+            while (frame := await subscriber.next_frame()) is not None and await send(context, frame):
                 pass
+        except StreamFailed as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             hub.unsubscribe(subscriber)
             self.streams.discard(subscriber)
@@ -185,10 +191,12 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
             run_id=controller.run_id,
             dp_size=controller.backend.dp_size,
             executor=controller.args.executor,
-            state=controller.state,
+            state=controller.reported_state,
+            failure=controller.failure or "",
+            last_round_age_seconds=controller.last_round_age_s(),
             latest=hub.latest(),
             config=config_message(controller.config),
-            stats=run_stats(controller.summary(), controller.records_dropped(), trace_spans_dropped(controller)),
+            stats=run_stats(controller.summary(), controller.records_dropped(), trace_status(controller)),
             history_first_round=hub.first_round or 0,
             history_last_round=hub.last_round or 0,
         )
@@ -298,7 +306,11 @@ class GateRequests(requests_pb2_grpc.GateRequestsServicer):
                 for message in _submit_events(stream, events):
                     if not await send(context, message):
                         return
-                ended = any(isinstance(e, Finished) for e in events)
+                finished = next((e for e in events if isinstance(e, Finished)), None)
+                ended = finished is not None
+                if finished is not None and finished.reason is FinishReason.CUT_OFF:
+                    # The Finished event says what was generated; the status says it was not a success.
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, finished.detail or "cut off: the engine stopped")
         finally:
             if not ended:
                 self.controller.abort(stream.rid)
@@ -338,6 +350,7 @@ def _submit_events(stream: RequestStream, events: list[RequestEvent]) -> list[re
                     e2e_seconds=max(0.0, finished.time - stream.arrival),
                     gate_wait_rounds=admitted.wait_rounds if admitted else 0,
                     gate_wait_seconds=admitted.wait_seconds if admitted else 0.0,
+                    detail=finished.detail,
                 )
             )
         )

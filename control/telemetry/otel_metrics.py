@@ -1,8 +1,10 @@
 """The gate's metrics through the OpenTelemetry SDK: OTLP export and a Prometheus scrape endpoint.
 
-Names are `prefill_gate_*`; per-rank series carry a `dp_rank` attribute (as SGLang and TokenSpeed
-label theirs). They count exactly what `engine.metrics.RunMetrics` counts, so a dashboard and the
-run summary agree: windows and the extend path are counted on busy rounds only.
+Names are `prefill_gate_*` with Prometheus' unit suffixes; per-rank series carry a `dp_rank` attribute
+(as SGLang and TokenSpeed label theirs). They count exactly what `engine.metrics.RunMetrics` counts, so
+a dashboard and the run summary agree: windows and the extend path are counted on busy rounds only.
+Every counter series exists at 0 from the start (`rate()` and alerts need no first event), and the
+scrape carries no `otel_scope_*` labels.
 
 | metric (as Prometheus shows it)              | kind      | attributes       |
 | -------------------------------------------- | --------- | ---------------- |
@@ -11,12 +13,20 @@ run summary agree: windows and the extend path are counted on busy rounds only.
 | prefill_gate_extend_rounds_total             | counter   |                  |
 | prefill_gate_retractions_total               | counter   | dp_rank          |
 | prefill_gate_output_tokens_total             | counter   |                  |
-| prefill_gate_gate_wait_rounds                | histogram |                  |
-| prefill_gate_gate_wait_seconds               | histogram |                  |
+| prefill_gate_wait_rounds                     | histogram |                  |
+| prefill_gate_wait_seconds                    | histogram |                  |
 | prefill_gate_ttft_seconds                    | histogram |                  |
 | prefill_gate_itl_seconds                     | histogram |                  |
-| prefill_gate_occupancy                       | gauge     | dp_rank          |
+| prefill_gate_occupancy_ratio                 | gauge     | dp_rank          |
 | prefill_gate_trace_spans_dropped_total       | counter   |                  |
+| prefill_gate_trace_spans_exported_total      | counter   |                  |
+| prefill_gate_trace_rounds_sampled_total      | counter   | reason           |
+| prefill_gate_trace_requests_unsampled_total  | counter   |                  |
+| prefill_gate_trace_exporter_up               | gauge     |                  |
+| prefill_gate_trace_queued_spans              | gauge     |                  |
+
+(The trace_* series exist while tracing is on; renamed in this version: `prefill_gate_occupancy` ->
+`prefill_gate_occupancy_ratio`, `prefill_gate_gate_wait_{rounds,seconds}` -> `prefill_gate_wait_*`.)
 
 Counters are summed per poll before they reach the SDK (an `add` costs ~5 us, a poll holds many
 rounds). ITL is one observation per group of a rank's requests whose tokens came the same time apart
@@ -26,10 +36,13 @@ rounds). ITL is one observation per group of a rank's requests whose tokens came
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
@@ -41,10 +54,14 @@ from engine.record import RoundRecord
 from engine.request import Admitted, Finished, FirstToken, Refused, RequestSpec, Retracted
 from engine.rows import Row, all_idle
 
+if TYPE_CHECKING:
+    from control.telemetry.trace_status import TraceStatus
+
 WAIT_ROUND_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 MAX_ARRIVALS = 100_000  # requests whose arrival is remembered for TTFT
+SAMPLE_REASONS = ("config", "watermark", "open", "ratio")
 
 
 def round_outcome(record: RoundRecord) -> str:
@@ -67,7 +84,7 @@ class GateMetrics:
         otlp: OtlpEndpoint | None = None,
         export_interval_s: float = 10.0,
         export_timeout_s: float = 2.0,
-        spans_dropped: Callable[[], int] | None = None,
+        tracing: Callable[[], TraceStatus] | None = None,
         service_name: str = "prefill-gate",
     ) -> None:
         readers: list[MetricReader] = []
@@ -78,12 +95,13 @@ class GateMetrics:
             from prometheus_client import CollectorRegistry, start_http_server
 
             registry = CollectorRegistry()  # ours, not the global one: runs in one process never collide
-            readers.append(PrometheusMetricReader(registry=registry))
+            readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
             self._server, self._server_thread = start_http_server(metrics_port, metrics_addr, registry=registry)
             self.port = int(self._server.server_port)
         if otlp is not None:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
+            _quiet_exporter_log()
             exporter = OTLPMetricExporter(endpoint=otlp.target, insecure=otlp.insecure, timeout=export_timeout_s)
             readers.append(
                 PeriodicExportingMetricReader(
@@ -98,7 +116,7 @@ class GateMetrics:
         self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
         self.dp_size = dp_size
         self._rows: tuple[Row, ...] = ()
-        self._spans_dropped = spans_dropped
+        self._tracing = tracing
         self._arrivals: dict[str, float] = {}
         meter = self.provider.get_meter("prefill_gate")
         self.rounds = meter.create_counter("prefill_gate_rounds", "{round}", "Rounds by vote point and outcome.")
@@ -113,13 +131,13 @@ class GateMetrics:
         )
         self.output_tokens = meter.create_counter("prefill_gate_output_tokens", "{token}", "Output tokens produced.")
         self.wait_rounds = meter.create_histogram(
-            "prefill_gate_gate_wait_rounds",
+            "prefill_gate_wait_rounds",
             "{round}",
             "Rounds an admitted prompt waited while schedulable.",
             explicit_bucket_boundaries_advisory=WAIT_ROUND_BUCKETS,
         )
         self.wait_seconds = meter.create_histogram(
-            "prefill_gate_gate_wait",
+            "prefill_gate_wait",
             "s",
             "Seconds an admitted prompt waited while schedulable (engine clock).",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
@@ -137,12 +155,72 @@ class GateMetrics:
             explicit_bucket_boundaries_advisory=ITL_BUCKETS,
         )
         meter.create_observable_gauge(
-            "prefill_gate_occupancy", [self._occupancy], "1", "Device KV pool occupancy of each rank (0..1)."
+            "prefill_gate_occupancy_ratio", [self._occupancy], "1", "Device KV pool occupancy of each rank (0..1)."
         )
-        if spans_dropped is not None:
-            meter.create_observable_counter(
-                "prefill_gate_trace_spans_dropped", [self._dropped], "{span}", "Trace spans that never left."
-            )
+        if tracing is not None:
+            self._trace_instruments(meter)
+        self._zero_series()
+
+    def _zero_series(self) -> None:
+        """Every counter series at 0 before its first event: `rate()`, `increase()` and alerts see it."""
+        for point in GatePoint:
+            for outcome in ("open", "closed", "idle"):
+                self.rounds.add(0, {"point": point.name, "outcome": outcome})
+        for point in (GatePoint.ANY, GatePoint.ALL):
+            self.windows.add(0, {"point": point.name})
+        for rank in range(self.dp_size):
+            self.retractions.add(0, {"dp_rank": rank})
+        self.extend_rounds.add(0)
+        self.output_tokens.add(0)
+
+    def _trace_instruments(self, meter: Meter) -> None:
+        observe = self._observe
+        meter.create_observable_counter(
+            "prefill_gate_trace_spans_dropped",
+            [observe(lambda t: [(t.spans_dropped, {})])],
+            "{span}",
+            "Trace spans not confirmed delivered (queue full, collector error or no answer), ranks and controller.",
+        )
+        meter.create_observable_counter(
+            "prefill_gate_trace_spans_exported",
+            [observe(lambda t: [(t.process.exported, {})])],
+            "{span}",
+            "Trace spans the collector acknowledged, from the controller's process.",
+        )
+        meter.create_observable_counter(
+            "prefill_gate_trace_rounds_sampled",
+            [observe(lambda t: [(t.rounds_traced_by_reason.get(r, 0), {"reason": r}) for r in SAMPLE_REASONS])],
+            "{round}",
+            "Rounds traced, by the sampling rule that picked them.",
+        )
+        meter.create_observable_counter(
+            "prefill_gate_trace_requests_unsampled",
+            [observe(lambda t: [(t.requests_untraced, {})])],
+            "{request}",
+            "Requests not traced because they came over --trace-request-rate.",
+        )
+        meter.create_observable_gauge(
+            "prefill_gate_trace_exporter_up",
+            [observe(lambda t: [(int(t.exporter_state in ("ok", "idle")), {})])],
+            "1",
+            "1 when the span exporter's last export succeeded (or none was due yet), 0 when failing or stalled.",
+        )
+        meter.create_observable_gauge(
+            "prefill_gate_trace_queued_spans",
+            [observe(lambda t: [(t.exporter_queued, {})])],
+            "{span}",
+            "Spans waiting in the controller process's export queue.",
+        )
+
+    def _observe(self, values: Callable[[TraceStatus], list[tuple[float, dict[str, str]]]]):
+        """An observable callback reading tracing's status (one status per collection and instrument)."""
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            if self._tracing is None:
+                return []
+            return [Observation(value, attributes) for value, attributes in values(self._tracing())]
+
+        return callback
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -207,9 +285,6 @@ class GateMetrics:
     def _occupancy(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(row.occupancy, {"dp_rank": row.rank}) for row in self._rows]
 
-    def _dropped(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(self._spans_dropped())] if self._spans_dropped is not None else []
-
     def close(self) -> None:
         """Export a last time (OTLP), stop the scrape endpoint and release the readers."""
         self.provider.shutdown()
@@ -217,3 +292,25 @@ class GateMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _OncePer(logging.Filter):
+    """Lets one record per logger through every `seconds` (the OTLP metric exporter logs each failure)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self._last = -seconds
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+def _quiet_exporter_log() -> None:
+    exporter_log = logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter")
+    if not any(isinstance(f, _OncePer) for f in exporter_log.filters):
+        exporter_log.addFilter(_OncePer(30.0))

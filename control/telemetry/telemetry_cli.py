@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from control.host.backends import Backend, Polled
-from control.telemetry.trace_controller import ControllerTracer
-from control.telemetry.trace_export import OtlpEndpoint, close_shared, parse_otlp_endpoint, shared_shipper
+from control.telemetry.trace_controller import REQUEST_SPANS_PER_S, ControllerTracer
+from control.telemetry.trace_export import (
+    ExporterHealth,
+    OtlpEndpoint,
+    SpanShipper,
+    close_shared,
+    parse_otlp_endpoint,
+    shared_shipper,
+)
 from control.telemetry.tracing import forget_run
 from engine.config import PrefillDelay
 from engine.request import RequestSpec
@@ -29,6 +36,9 @@ if TYPE_CHECKING:
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 DEFAULT_SAMPLE_RATE = 0.01
+# Window-open rounds are a quarter of busy rounds at A=4: tracing each of them cost the simulator ~30%
+# of its round rate. At this rate they add ~1% of rounds to the ordinary 1%.
+DEFAULT_WINDOW_SAMPLE_RATE = 0.05
 RANK_OBSERVER = "control.telemetry.tracing:rank_observer"
 _log = logging.getLogger("prefill_gate.telemetry")
 
@@ -46,8 +56,22 @@ def add_telemetry_args(parser: argparse.ArgumentParser) -> None:
         "--trace-sample-rate",
         type=float,
         default=DEFAULT_SAMPLE_RATE,
-        help="share of ordinary rounds traced; rounds that open a window, change config or cross the "
-        "watermark are always traced (default: %(default)s)",
+        help="share of rounds traced; rounds that change config or cross the watermark are always traced "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--trace-window-sample-rate",
+        type=float,
+        default=DEFAULT_WINDOW_SAMPLE_RATE,
+        help="share of the rounds whose vote opened a prefill window that are traced (at least "
+        "--trace-sample-rate; default: %(default)s)",
+    )
+    group.add_argument(
+        "--trace-request-rate",
+        type=float,
+        default=REQUEST_SPANS_PER_S,
+        help="request spans per second at most (a token bucket); the rest are counted as untraced "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--no-otlp-metrics",
@@ -70,6 +94,8 @@ class TelemetrySettings:
     metrics_port: int | None
     metrics_addr: str
     otlp_metrics: bool = True
+    window_sample_rate: float = DEFAULT_WINDOW_SAMPLE_RATE
+    request_rate: float = REQUEST_SPANS_PER_S
 
     @property
     def tracing(self) -> bool:
@@ -97,14 +123,31 @@ def telemetry_settings(ns: argparse.Namespace, environ: dict[str, str] | None = 
         endpoint = parse_otlp_endpoint(env[ENDPOINT_ENV], ENDPOINT_ENV)
     else:
         endpoint = None
-    rate = getattr(ns, "trace_sample_rate", DEFAULT_SAMPLE_RATE)
-    if not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
-        raise ValueError(f"--trace-sample-rate must be in [0, 1], got {rate!r}")
+    rates = {}
+    for flag, default in (
+        ("trace_sample_rate", DEFAULT_SAMPLE_RATE),
+        ("trace_window_sample_rate", DEFAULT_WINDOW_SAMPLE_RATE),
+    ):
+        rate = getattr(ns, flag, default)
+        if not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:  # NaN fails both comparisons
+            raise ValueError(f"--{flag.replace('_', '-')} must be in [0, 1], got {rate!r}")
+        rates[flag] = float(rate)
+    request_rate = getattr(ns, "trace_request_rate", REQUEST_SPANS_PER_S)
+    if not isinstance(request_rate, int | float) or not 0.0 <= request_rate <= 1e9:
+        raise ValueError(f"--trace-request-rate must be in [0, 1e9] spans/s, got {request_rate!r}")
     port = getattr(ns, "metrics_port", None)
     if port is not None and not 0 <= port <= 65535:
         raise ValueError(f"--metrics-port must be in [0, 65535] (0: any free port), got {port}")
     addr = getattr(ns, "metrics_addr", "127.0.0.1")
-    return TelemetrySettings(endpoint, float(rate), port, addr, bool(getattr(ns, "otlp_metrics", True)))
+    return TelemetrySettings(
+        endpoint,
+        rates["trace_sample_rate"],
+        port,
+        addr,
+        bool(getattr(ns, "otlp_metrics", True)),
+        max(rates["trace_window_sample_rate"], rates["trace_sample_rate"]),
+        float(request_rate),
+    )
 
 
 def rank_observer_spec(ns: argparse.Namespace, run_id: str, dp_size: int) -> tuple[str, dict[str, Any]] | None:
@@ -119,7 +162,7 @@ def rank_observer_spec(ns: argparse.Namespace, run_id: str, dp_size: int) -> tup
         "endpoint": settings.endpoint.url,
         "run_id": run_id,
         "sample_rate": settings.sample_rate,
-        "max_rounds": getattr(ns, "rounds", None),
+        "window_sample_rate": settings.window_sample_rate,
     }
     return RANK_OBSERVER, kwargs
 
@@ -137,11 +180,20 @@ class TelemetryBackend:
     A sink that raises is logged and skipped: telemetry must never stop the engine.
     """
 
-    def __init__(self, inner: Backend, sinks: list[Sink], spans_dropped: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        inner: Backend,
+        sinks: list[Sink],
+        settings: TelemetrySettings,
+        tracer: ControllerTracer | None = None,
+        shipper: SpanShipper | None = None,
+    ) -> None:
         self.inner = inner
         self.sinks = sinks
         self.dp_size = inner.dp_size
-        self._controller_spans_dropped = spans_dropped
+        self.settings = settings
+        self.tracer = tracer
+        self.shipper = shipper
 
     def __getattr__(self, name: str) -> Any:  # feeder, driver, args ... of the wrapped backend
         return getattr(self.inner, name)
@@ -149,7 +201,7 @@ class TelemetryBackend:
     @property
     def controller_spans_dropped(self) -> int:
         """Spans the controller (round roots, requests) could not export."""
-        return self._controller_spans_dropped()
+        return self.tracer.dropped if self.tracer is not None else 0
 
     def start(self) -> None:
         self.inner.start()
@@ -169,7 +221,7 @@ class TelemetryBackend:
 
     def poll(self) -> Polled:
         polled = self.inner.poll()
-        if polled.records or polled.events or polled.submitted or polled.itl:
+        if polled.records or polled.events or polled.submitted or polled.itl or polled.stopped:
             self._feed("polled", polled)
         return polled
 
@@ -190,15 +242,56 @@ class TelemetryBackend:
                 _log.exception("telemetry sink %s failed; the engine continues", type(sink).__name__)
 
 
-def trace_spans_dropped(controller: Controller) -> int:
-    """Spans lost in all: every rank's count (from its latest row) plus the controller's.
+def rank_spans_dropped(controller: Controller) -> tuple[int, bool]:
+    """Every rank's spans not delivered, and whether each count is final.
 
-    What `RunStats.trace_spans_dropped` should show; 0 when tracing is off.
+    A rank's row carries its count as of that round; a rank that flushed and exited (or one in this
+    process, the simulator's) reports its count to the backend, which is then exact.
     """
-    ranks = sum(row.spans_dropped for row in controller.latest.rows) if controller.latest is not None else 0
+    rows = controller.latest.rows if controller.latest is not None else ()
+    final: dict[int, int] = dict(getattr(controller.backend, "observer_dropped", None) or {})
+    total = 0
+    for rank in range(controller.backend.dp_size):
+        from_row = rows[rank].spans_dropped if rank < len(rows) else 0
+        total += max(from_row, final.get(rank, from_row))
+    return total, len(final) == controller.backend.dp_size
+
+
+def trace_spans_dropped(controller: Controller) -> int:
+    """Spans lost in all: every rank's count plus the controller's; 0 when tracing is off.
+
+    What `RunStats.trace_spans_dropped` shows.
+    """
     backend = controller.backend
-    own = backend.controller_spans_dropped if isinstance(backend, TelemetryBackend) else 0
-    return ranks + own
+    if not isinstance(backend, TelemetryBackend) or backend.tracer is None:
+        return 0
+    return rank_spans_dropped(controller)[0] + backend.controller_spans_dropped
+
+
+def exporter_health(controller: Controller) -> ExporterHealth | None:
+    """The controller process's span exporter, when tracing is on."""
+    backend = controller.backend
+    if isinstance(backend, TelemetryBackend) and backend.shipper is not None:
+        return backend.shipper.health()
+    return None
+
+
+def startup_line(settings: TelemetrySettings, metrics_port: int | None) -> str:
+    """What `serve` says at start: where traces and metrics go, and how to turn the OTLP metrics off."""
+    parts = []
+    if settings.endpoint is not None:
+        parts.append(
+            f"traces to {settings.endpoint.url} (sample rate {settings.sample_rate:g}, window-open rounds "
+            f"{settings.window_sample_rate:g}, requests <= {settings.request_rate:g}/s)"
+        )
+    if settings.metrics_endpoint is not None:
+        parts.append(
+            f"metrics pushed over OTLP to {settings.metrics_endpoint.url} every 10 s "
+            "(--no-otlp-metrics for a traces-only collector such as Jaeger)"
+        )
+    if metrics_port is not None:
+        parts.append(f"metrics on http://{settings.metrics_addr}:{metrics_port}/metrics")
+    return "telemetry: " + ", ".join(parts)
 
 
 async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Callable[[], Awaitable[None]]:
@@ -206,19 +299,26 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
     settings = telemetry_settings(ns)
     sinks: list[Sink] = []
     tracer = None
+    shipper = None
     metrics = None
     if settings.tracing:
         assert settings.endpoint is not None
+        shipper = shared_shipper(settings.endpoint)
+        args = controller.args
         tracer = ControllerTracer(
             controller.run_id,
             settings.sample_rate,
-            shared_shipper(settings.endpoint),
+            shipper,
             dp_size=controller.backend.dp_size,
-            virtual_clock=controller.args.executor == "sim",
+            virtual_clock=args.executor == "sim",
+            window_sample_rate=settings.window_sample_rate,
+            model=f"sim/{args.sim_preset}" if args.executor == "sim" else "prefill-gate-moe",
+            request_spans_per_s=settings.request_rate,
         )
         sinks.append(tracer)
     if settings.metrics:
         from control.telemetry.otel_metrics import GateMetrics
+        from control.telemetry.trace_status import trace_status
 
         metrics = GateMetrics(
             run_id=controller.run_id,
@@ -226,19 +326,12 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
             metrics_port=settings.metrics_port,
             metrics_addr=settings.metrics_addr,
             otlp=settings.metrics_endpoint,
-            spans_dropped=(lambda: trace_spans_dropped(controller)) if settings.tracing else None,
+            tracing=(lambda: trace_status(controller)) if settings.tracing else None,
         )
         sinks.append(metrics)
     if sinks:
-        controller.backend = TelemetryBackend(
-            controller.backend, sinks, (lambda: tracer.dropped) if tracer is not None else (lambda: 0)
-        )
-        parts = []
-        if settings.endpoint is not None:
-            parts.append(f"traces to {settings.endpoint.url} (sample rate {settings.sample_rate:g})")
-        if metrics is not None and metrics.port is not None:
-            parts.append(f"metrics on http://{settings.metrics_addr}:{metrics.port}/metrics")
-        print("telemetry: " + ", ".join(parts), file=sys.stderr, flush=True)
+        controller.backend = TelemetryBackend(controller.backend, sinks, settings, tracer, shipper)
+        print(startup_line(settings, metrics.port if metrics is not None else None), file=sys.stderr, flush=True)
 
     async def stop() -> None:
         loop = asyncio.get_running_loop()

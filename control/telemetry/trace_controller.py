@@ -1,11 +1,16 @@
 """The controller's spans: the root of every traced round, and one span per request.
 
 The root span of round r carries the gathered decision and uses the span id every rank derived as the
-parent of its `gate.round` span, so each traced round is one tree with no missing parent. A request
-span runs from arrival to finish, with events for admission, each prefill chunk, first token and
-retractions, the gate wait and TTFT as attributes, and links to its rank's `gate.round` spans of the
-traced rounds it was resident in. Up to `REQUEST_SPANS_PER_S` requests a second are traced (each one
-at a real engine's request rates); the rest are counted in `requests_untraced`.
+parent of its `gate.round` span, so each traced round is one tree with no missing parent. It runs from
+the earliest rank's start of round r (in round r's rows) to the latest rank's end of it (in round
+r+1's rows), so it covers every rank's span; it is exported when round r+1's record arrives.
+
+A request span (kind SERVER: the engine serving a request) follows OpenTelemetry's GenAI conventions
+(`gen_ai.operation.name`, `gen_ai.usage.input_tokens`, `gen_ai.response.finish_reasons`, ...) and runs
+from arrival to finish, with events for admission, each prefill chunk, first token and retractions,
+the gate wait and TTFT as attributes, and links to its rank's `gate.round` spans of the traced rounds
+it was resident in. Up to `--trace-request-rate` requests a second are traced (a token bucket); the
+rest are counted in `requests_untraced`, which the summary, `ctl snapshot` and the metrics show.
 
 Times: rank spans are wall-clock; request events carry rounds, so they are placed at their round's wall
 time (rank 0's record stamp). A request span is built once the records of its last round arrived
@@ -16,25 +21,26 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import Counter as Tally
 from collections import deque
 from dataclasses import dataclass, field
 
-from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME
-from opentelemetry.sdk.trace import Event
-from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION
 
 from control.host.backends import Polled
+from control.telemetry.otlp_wire import KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, SpanData, producer
 from control.telemetry.trace_export import DropCounter, SpanShipper
 from control.telemetry.tracing import (
     DEFAULT_SERVICE,
+    SCOPE_NAME,
+    VERSION,
+    RoundContext,
     RoundSampler,
-    make_span,
     new_span_id,
     rank_span_id,
     request_trace_id,
     resource_of,
     round_trace_id,
-    span_context,
 )
 from engine.record import RoundRecord
 from engine.request import Admitted, ChunkPlanned, Finished, FirstToken, Refused, RequestSpec, Retracted
@@ -45,10 +51,10 @@ ROUND_MEMORY = 16384  # rounds whose wall time and sampling the controller remem
 MAX_LIVE_REQUESTS = 100_000
 READY_AFTER_S = 1.0
 # Request spans per second at most (a token bucket, as Jaeger's rate-limiting sampler): a real engine
-# serves far fewer, so each is traced; the simulator finishes thousands a second, and each costs ~80 us
-# to encode on the process that also steps the simulated ranks.
+# serves fewer, so each is traced; the simulator finishes thousands a second, and each span (with its
+# events and links) costs tens of us to build and encode in the process that steps the simulated ranks.
 REQUEST_SPANS_PER_S = 100.0
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+OPERATION = "text_completion"  # gen_ai.operation.name: a prompt in, tokens out
 
 
 @dataclass
@@ -68,7 +74,18 @@ class _RequestTrace:
     end_round: int | None = None
     end_seen_ns: int = 0
     reason: str = ""
+    output_tokens: int | None = None
     error: str | None = None
+
+
+@dataclass(slots=True)
+class _PendingRoot:
+    """A traced round whose root waits for the next round's rows (they carry each rank's end of it)."""
+
+    context: RoundContext
+    attributes: dict[str, object]
+    start_ns: int
+    record_ns: int  # rank 0's record stamp: a floor for the end
 
 
 class ControllerTracer:
@@ -82,29 +99,40 @@ class ControllerTracer:
         *,
         dp_size: int,
         virtual_clock: bool,
+        window_sample_rate: float | None = None,
+        model: str = "prefill-gate",
         service_name: str = DEFAULT_SERVICE,
         request_spans_per_s: float = REQUEST_SPANS_PER_S,
     ) -> None:
         self.run_id = run_id
-        self.sampler = RoundSampler(run_id, sample_rate)
+        window = sample_rate if window_sample_rate is None else window_sample_rate
+        self.sampler = RoundSampler(run_id, sample_rate, window)
         self.shipper = shipper
         self.counter = DropCounter()
         self.dp_size = dp_size
+        self.model = model
         # The simulator's clocks are virtual: round_seconds is no wall duration, arrivals map through records.
         self.virtual_clock = virtual_clock
-        self.resource = resource_of(
+        resource = resource_of(
             {
                 SERVICE_NAME: service_name,
+                SERVICE_VERSION: VERSION,
                 SERVICE_INSTANCE_ID: f"{run_id}/controller",
                 "prefill_gate.role": "controller",
                 "prefill_gate.run_id": run_id,
                 "prefill_gate.dp_size": dp_size,
             }
         )
+        self.resource = resource
+        self.producer = producer(resource, SCOPE_NAME, VERSION)
+        self.rounds_seen = 0  # records the controller got (the denominator of the traced share)
         self.traced_rounds = 0  # rounds the sampling rules picked
+        self.traced_by_reason: Tally[str] = Tally()
         self.roots = 0  # root spans queued for export
         self.requests = 0
         self.requests_untraced = 0  # over the request span rate: not traced (not lost)
+        self._pending: _PendingRoot | None = None
+        self._stopped_ns = 0  # when the controller learned that every rank stopped
         self.request_spans_per_s = request_spans_per_s
         self._tokens = request_spans_per_s
         self._refilled = time.monotonic()
@@ -151,6 +179,8 @@ class ControllerTracer:
         """One poll's records (root spans first: the clock map needs them), submissions and events."""
         for record in polled.records:
             self._on_record(record)
+        if polled.stopped and not self._stopped_ns:
+            self._stopped_ns = time.time_ns()  # every rank left its loop: no rank span ends later
         for rank, spec in polled.submitted:
             self.submitted(rank, spec)
         seen = time.time_ns()
@@ -161,7 +191,11 @@ class ControllerTracer:
         self._emit_ready(force=False)
 
     def close(self) -> None:
-        """Export every ended request, then the ones still open (marked unfinished)."""
+        """Export the last root, every ended request, then the ones still open (marked unfinished)."""
+        if self._pending is not None:
+            # No later round: the run is over, so every rank's span of it ended by now.
+            pending, self._pending = self._pending, None
+            self._export_root(pending, max(pending.record_ns, self._stopped_ns or time.time_ns()))
         self._emit_ready(force=True)
         now = time.time_ns()
         for trace in list(self._live.values()):
@@ -177,18 +211,26 @@ class ControllerTracer:
             del self._wall[next(iter(self._wall))]  # rounds arrive in order: the first key is the oldest
         self._clock.append((record.clock, record.unix_nanos))
         self._latest_round = max(self._latest_round, record.round)
+        self.rounds_seen += 1
+        if self._pending is not None:
+            self._finish_root(self._pending, record)
+            self._pending = None
         context = self.sampler.decide(record.round, record.rows, record.adopted_epoch)
         previous, self._previous = self._previous, record
         if context is None:
             return
         self.traced_rounds += 1
+        self.traced_by_reason[context.reason.value] += 1
         self._sampled.append(record.round)
         if len(self._sampled) > 2 * ROUND_MEMORY:
             del self._sampled[:ROUND_MEMORY]
-        if not self.virtual_clock:
-            start = record.unix_nanos - int(record.round_seconds * 1e9)
+        starts = [row.span_start_ns for row in record.rows]
+        if all(starts):
+            start = min(starts)  # the earliest rank's start of this round
+        elif not self.virtual_clock:
+            start = record.unix_nanos - int(record.round_seconds * 1e9)  # a rank without marks: estimated
         elif previous is not None and previous.round == record.round - 1:
-            start = previous.unix_nanos  # virtual round time: the previous round's stamp is when this one began
+            start = previous.unix_nanos
         else:
             start = record.unix_nanos
         rows = record.rows
@@ -214,9 +256,32 @@ class ControllerTracer:
             attributes["gate.any_interval"] = record.any_interval or 0
         if record.adopted_epoch:
             attributes["gate.adopted_epoch"] = record.adopted_epoch
-        root = span_context(context.trace_id, context.root_span_id)
-        span = make_span("round", root, None, self.resource, start, record.unix_nanos, attributes)
-        if self.shipper.offer([span], self.counter):
+        self._pending = _PendingRoot(context, attributes, min(start, record.unix_nanos), record.unix_nanos)
+
+    def _finish_root(self, pending: _PendingRoot, later: RoundRecord) -> None:
+        """Export the pending root, ended by the latest rank's end of its round."""
+        ends = [row.previous_span_end_ns for row in later.rows]
+        if later.round == pending.context.round + 1 and all(ends):
+            end = max(ends)
+        else:
+            # Round r+1's record was lost (or a rank had no marks): any later record is stamped after a
+            # gather that every rank entered only once it had finished round r.
+            end = later.unix_nanos
+        self._export_root(pending, max(end, pending.record_ns))
+
+    def _export_root(self, pending: _PendingRoot, end_ns: int) -> None:
+        context = pending.context
+        span = SpanData(
+            context.trace_id,
+            context.root_span_id,
+            0,
+            "round",
+            KIND_INTERNAL,
+            pending.start_ns,
+            end_ns,
+            pending.attributes,  # type: ignore[arg-type]
+        )
+        if self.shipper.offer([span], self.producer, self.counter):
             self.roots += 1
 
     def _wall_of_clock(self, clock: float) -> int:
@@ -244,7 +309,7 @@ class ControllerTracer:
                 "prefill_chunk",
                 event.round,
                 seen,
-                {"gate.round": event.round, "request.chunk_tokens": event.tokens},
+                {"gate.round": event.round, "prefill_gate.request.chunk_tokens": event.tokens},
             )
         elif isinstance(event, Admitted):
             trace.admitted = event
@@ -266,13 +331,14 @@ class ControllerTracer:
                 "first_token",
                 event.round,
                 seen,
-                {"gate.round": event.round, "request.ttft_seconds": event.time - trace.arrival},
+                {"gate.round": event.round, "prefill_gate.request.ttft_seconds": event.time - trace.arrival},
             )
         elif isinstance(event, Retracted):
             trace.retractions += 1
             self._add_event(trace, "retracted", event.round, seen, {"gate.round": event.round})
         elif isinstance(event, Finished):
             trace.end_round, trace.end_seen_ns, trace.reason = event.round, seen, event.reason.value
+            trace.output_tokens = event.output_len
             self._end(trace)
         elif isinstance(event, Refused):
             trace.end_seen_ns, trace.reason, trace.error = seen, "refused", event.error
@@ -298,45 +364,50 @@ class ControllerTracer:
             self._export_request(trace)
 
     def _export_request(self, trace: _RequestTrace) -> None:
-        events = [Event(name, attrs, self._wall.get(round_, seen)) for name, round_, seen, attrs in trace.events]
+        events = [(name, self._wall.get(round_, seen), attrs) for name, round_, seen, attrs in trace.events]
         end = self._wall.get(trace.end_round, trace.end_seen_ns) if trace.end_round is not None else trace.end_seen_ns
         spec = trace.spec
-        attributes: dict[str, object] = {
-            "request.id": trace.rid,
+        attributes: dict[str, object] = {  # OpenTelemetry GenAI conventions where they apply, ours beside
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.provider.name": "prefill_gate",
+            "gen_ai.request.model": self.model,
+            "gen_ai.response.id": trace.rid,
+            "gen_ai.request.max_tokens": spec.output_len,
+            "gen_ai.usage.input_tokens": spec.prompt_len,
+            "gen_ai.response.finish_reasons": (trace.reason,),
             "gate.rank": trace.rank,
-            "request.prompt_len": spec.prompt_len,
-            "request.output_len": spec.output_len,
-            "request.prefix_hit": spec.prefix_hit,
-            "request.chunks": len(trace.chunks),
-            "request.retractions": trace.retractions,
-            "request.finish_reason": trace.reason,
+            "prefill_gate.request.prefix_hit": bool(spec.prefix_hit),
+            "prefill_gate.request.chunks": len(trace.chunks),
+            "prefill_gate.request.retractions": trace.retractions,
         }
+        if trace.output_tokens is not None:
+            attributes["gen_ai.usage.output_tokens"] = trace.output_tokens
         if trace.admitted is not None:
             attributes["gate.wait_rounds"] = trace.admitted.wait_rounds
             attributes["gate.wait_seconds"] = trace.admitted.wait_seconds
-            attributes["request.admitted_round"] = trace.admitted.round
+            attributes["prefill_gate.request.admitted_round"] = trace.admitted.round
         if trace.first_token is not None:
-            attributes["request.ttft_seconds"] = trace.first_token.time - trace.arrival
+            attributes["prefill_gate.request.ttft_seconds"] = trace.first_token.time - trace.arrival
         if trace.end_round is not None:
-            attributes["request.finished_round"] = trace.end_round
-        status = Status(StatusCode.ERROR, trace.error) if trace.error else None
-        context = span_context(request_trace_id(self.run_id, trace.rid), new_span_id())
-        span = make_span(
-            "request",
-            context,
-            None,
-            self.resource,
+            attributes["prefill_gate.request.finished_round"] = trace.end_round
+        status = (STATUS_ERROR, trace.error) if trace.error else None
+        span = SpanData(
+            request_trace_id(self.run_id, trace.rid),
+            new_span_id(),
+            0,
+            f"{OPERATION} {self.model}",
+            KIND_SERVER,
             trace.start_ns,
             max(end, trace.start_ns),
-            attributes,
-            events=events,
-            links=self._links(trace),
-            status=status,
+            attributes,  # type: ignore[arg-type]
+            events,
+            self._links(trace),
+            status,
         )
-        if self.shipper.offer([span], self.counter):
+        if self.shipper.offer([span], self.producer, self.counter):
             self.requests += 1
 
-    def _links(self, trace: _RequestTrace) -> list[Link]:
+    def _links(self, trace: _RequestTrace) -> list[tuple[int, int, dict[str, object]]]:
         """Links to the rank's `gate.round` spans of the traced rounds the request was resident in."""
         first = trace.chunks[0] if trace.chunks else (trace.admitted.round if trace.admitted else None)
         if first is None:
@@ -346,10 +417,11 @@ class ControllerTracer:
         high = bisect.bisect_right(self._sampled, last)
         chunks = set(trace.chunks)
         rounds = sorted(self._sampled[low:high], key=lambda r: (r not in chunks, r))[:MAX_LINKS]
-        links = []
-        for r in sorted(rounds):
-            target = SpanContext(
-                round_trace_id(self.run_id, r), rank_span_id(self.run_id, r, trace.rank), True, trace_flags=_SAMPLED
+        return [
+            (
+                round_trace_id(self.run_id, r),
+                rank_span_id(self.run_id, r, trace.rank),
+                {"gate.round": r, "gate.prefill_chunk": r in chunks},
             )
-            links.append(Link(target, {"gate.round": r, "gate.prefill_chunk": r in chunks}))
-        return links
+            for r in sorted(rounds)
+        ]

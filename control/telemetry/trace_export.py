@@ -1,32 +1,40 @@
-"""Span export that never slows a round: endpoint parsing, a bounded queue, a background exporter, drop counts.
+"""Span export that never slows a round: endpoint parsing, a bounded queue, a background exporter, exact counts.
 
 Spans are handed to a `SpanShipper` (one per process and collector, shared by every traced rank of a
-lockstep group and by the controller) and sent over OTLP/gRPC by its own thread. Why not the SDK's
-`BatchSpanProcessor`: its queue drops the oldest span silently when full (no count to publish), and its
-`force_flush` ignores its timeout, so a stuck collector could hold a rank's last round. Here every span
-that does not reach the collector is counted, against the `DropCounter` of whoever offered it: a full
-queue refuses a whole offer (one rank's round tree is exported whole or not at all), and a failed
-export counts its batch.
+lockstep group and by the controller) and sent over OTLP/gRPC by its own thread, which encodes them
+itself (`otlp_wire`, several times faster than the SDK's encoder). Why not the SDK's
+`BatchSpanProcessor` and `OTLPSpanExporter`: the queue drops the oldest span silently when full, and the
+exporter retries on its own and reports a timed-out export as failed although the collector may still
+take it (a 10 s SIGSTOP of the collector over-counted the loss twice over). Here every span is counted
+against the `DropCounter` of whoever offered it, in exactly one outcome (see `DropCounter`): a full
+queue refuses a whole offer (one rank's round tree is exported whole or not at all); an export counts
+as failed only when the collector answered an error or could not be reached; one left unanswered past
+the (long) deadline counts as unconfirmed, never as lost.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import math
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+import grpc
+
+from control.telemetry.otlp_wire import Producer, SpanData, encode_request, encode_span
 
 DEFAULT_PORT = 4317  # OTLP/gRPC; Jaeger listens there since 1.35
-DEFAULT_QUEUE_SPANS = 16384
-DEFAULT_EXPORT_TIMEOUT_S = 1.0  # short: the exporter gives up instead of retrying for its default 10 s
+DEFAULT_QUEUE_SPANS = 32768
+DEFAULT_EXPORT_TIMEOUT_S = 30.0  # long: only a collector silent this long makes spans "unconfirmed"
+MAX_REQUEST_BYTES = 3 << 20  # under gRPC servers' default 4 MiB receive limit
+LOSS_LOG_INTERVAL_S = 30.0  # at most one "spans not delivered" line per interval
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
 _log = logging.getLogger("prefill_gate.tracing")
 
@@ -87,68 +95,128 @@ def parse_otlp_endpoint(value: str, source: str = "--otlp-endpoint") -> OtlpEndp
 
 
 class DropCounter:
-    """Spans one producer lost. Each field has a single writer (no lock): `refused` the producer's thread,
-    `failed` the shipper's thread."""
+    """What happened to one producer's spans. `offered` and `refused` are written under the shipper's
+    lock, the others by the shipper's thread alone; readers take each value in one read.
+
+    Every offered span ends in exactly one of: exported (the collector acknowledged it), refused (never
+    sent: the queue was full or the shipper closed), failed (the collector answered an error, rejected
+    it, or could not be reached: not delivered), unconfirmed (no answer within the export deadline, or
+    still in flight when the process ended: the collector may have it). Until then it is in flight.
+    """
 
     def __init__(self) -> None:
-        self.refused = 0  # the queue was full when offered
-        self.failed = 0  # the export that carried them failed or timed out
+        self.offered = 0
+        self.exported = 0
+        self.refused = 0
+        self.failed = 0
+        self.unconfirmed = 0
 
     @property
     def total(self) -> int:
-        """All spans this producer lost so far."""
-        return self.refused + self.failed
+        """Spans not confirmed delivered (refused, failed or unconfirmed): what `spans_dropped` publishes."""
+        return self.refused + self.failed + self.unconfirmed
+
+    def add(self, other: DropCounter) -> None:
+        """Accumulate `other` into this one (a view over several producers)."""
+        self.offered += other.offered
+        self.exported += other.exported
+        self.refused += other.refused
+        self.failed += other.failed
+        self.unconfirmed += other.unconfirmed
 
 
 @dataclass(frozen=True, slots=True)
 class ShipperConfig:
-    """Queue and batch sizes of a shipper, sized for the round rate.
+    """Queue, batch and deadline of a shipper.
 
-    A traced rank exports 4 spans per sampled round. At the default 1% plus the always-sampled rounds
-    (open votes: a few percent of busy rounds) and ~1-5k rounds/s, that is a few hundred spans/s per
-    rank; the queue holds several seconds of a fully sampled rank, so a collector hiccup loses nothing,
-    while a dead one costs at most the queue's memory.
+    The queue holds about a second of a fully traced 8-rank simulator (~1 KB of memory a span) and
+    many seconds of a default-sampled one, so a collector hiccup loses nothing. The export deadline is
+    long on purpose: a span counts as lost only when the collector says so; an export that outlives the
+    deadline is counted as unconfirmed (the collector may yet take it), which a collector that merely
+    stalls for less than the deadline never causes. Meanwhile new spans wait in the queue, and beyond
+    it are refused and counted: the producer never waits.
     """
 
     max_queue_spans: int = DEFAULT_QUEUE_SPANS
-    batch_spans: int = 1024
+    batch_spans: int = 2048
     schedule_delay_s: float = 0.2
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S
+    retry_s: float = 5.0  # how long an UNAVAILABLE / RESOURCE_EXHAUSTED batch is retried before it fails
+    stalled_after_s: float = 2.0  # an export unanswered this long shows the exporter as stalled
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterHealth:
+    """One shipper's state and totals, for the summary, `ctl snapshot` and the metrics."""
+
+    endpoint: str
+    state: str  # "ok", "idle" (nothing sent yet), "failing", "stalled" (an export waits), "closed"
+    detail: str  # the latest error, or how long the current export has waited
+    queued: int
+    totals: DropCounter
+
+
+class _Offer:
+    """Spans offered together: one rank's round tree, a root, a request; exported or lost as one."""
+
+    __slots__ = ("counter", "producer", "spans")
+
+    def __init__(self, spans: Sequence[SpanData], producer: Producer, counter: DropCounter) -> None:
+        self.spans = spans
+        self.producer = producer
+        self.counter = counter
 
 
 class SpanShipper:
-    """A bounded span queue drained by one daemon thread through an OTLP exporter."""
+    """A bounded span queue drained by one daemon thread, which encodes and sends OTLP/gRPC itself."""
 
-    def __init__(self, exporter: SpanExporter, config: ShipperConfig = ShipperConfig(), label: str = "") -> None:
+    def __init__(self, sender: OtlpSender, config: ShipperConfig = ShipperConfig(), label: str = "") -> None:
         self.config = config
         self.label = label
-        self.exported = 0
-        self._exporter = exporter
-        self._queue: deque[tuple[ReadableSpan, DropCounter]] = deque()
+        self.totals = DropCounter()  # every producer's spans together (same writers as a DropCounter)
+        self._sender = sender
+        self._queue: deque[_Offer] = deque()
+        self._queued = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._busy = False
         self._closed = False
-        self._failures = 0
-        self._last_warning = 0.0
+        self._inflight: Any = None  # the future of the export in flight
+        self._inflight_since = 0.0
+        self._last_ok = 0.0
+        self._last_error = ""
+        self._failing = False
+        self._logged_lost = 0
+        self._last_log = -math.inf
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="prefill-gate-spans", daemon=True)
         self._thread.start()
 
-    def offer(self, spans: Sequence[ReadableSpan], counter: DropCounter) -> bool:
+    @property
+    def exported(self) -> int:
+        """Spans the collector acknowledged."""
+        return self.totals.exported
+
+    def offer(self, spans: Sequence[SpanData], producer: Producer, counter: DropCounter) -> bool:
         """Queue `spans` whole, or count them all as refused; never blocks on the collector."""
+        count = len(spans)
         with self._lock:
-            if self._closed or len(self._queue) + len(spans) > self.config.max_queue_spans:
-                counter.refused += len(spans)
+            counter.offered += count
+            self.totals.offered += count
+            if self._closed or self._queued + count > self.config.max_queue_spans:
+                counter.refused += count
+                self.totals.refused += count
                 return False
-            self._queue.extend((span, counter) for span in spans)
-            full = len(self._queue) >= self.config.batch_spans
+            self._queue.append(_Offer(spans, producer, counter))
+            self._queued += count
+            full = self._queued >= self.config.batch_spans
         if full:
             self._wake.set()
         return True
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` until everything queued was exported (or failed); True when drained."""
+        """Wait up to `timeout_s` until everything queued was sent and answered; True when drained."""
         deadline = time.monotonic() + timeout_s
         self._wake.set()
         with self._idle:
@@ -161,30 +229,60 @@ class SpanShipper:
         return True
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """Flush for at most `timeout_s`, then stop; whatever is left is counted as failed. Idempotent."""
+        """Flush for at most `timeout_s`, then stop. Spans still queued count as refused (never sent), the
+        export still in flight is cancelled and counts as unconfirmed. Idempotent."""
         if self._closed:
             return
         atexit.unregister(self.close)
         self.flush(timeout_s)
         with self._lock:
             self._closed = True
-            left = list(self._queue)
+            for offer in self._queue:  # never sent
+                offer.counter.refused += len(offer.spans)
+                self.totals.refused += len(offer.spans)
             self._queue.clear()
+            self._queued = 0
+            inflight = self._inflight
+        self._stopping.set()
+        if inflight is not None:
+            inflight.cancel()
         self._wake.set()
-        self._thread.join(timeout_s)
-        for _, counter in left:  # after the join: the thread no longer writes these counters
-            counter.failed += 1
-        self._exporter.shutdown()
+        self._thread.join(max(timeout_s, 1.0))
+        self._report_losses(final=True)
+        self._sender.close()
 
     @property
     def closed(self) -> bool:
         """Whether `close` ran (offers are then refused)."""
         return self._closed
 
-    def _take(self) -> list[tuple[ReadableSpan, DropCounter]]:
+    def health(self) -> ExporterHealth:
+        """The shipper's state now (read without the lock: each value is one atomic read)."""
+        now = time.monotonic()
+        since = self._inflight_since
+        if self._closed:
+            state, detail = "closed", self._last_error
+        elif since and now - since > self.config.stalled_after_s:
+            state, detail = "stalled", f"no answer for {now - since:.1f} s"
+        elif self._failing:
+            state, detail = "failing", self._last_error
+        elif self._last_ok:
+            state, detail = "ok", ""
+        else:
+            state, detail = "idle", ""
+        return ExporterHealth(self.label, state, detail, self._queued, self.totals)
+
+    # -- the shipper's thread ----------------------------------------------------------------------
+
+    def _take(self) -> list[_Offer]:
         with self._lock:
-            count = min(len(self._queue), self.config.batch_spans)
-            batch = [self._queue.popleft() for _ in range(count)]
+            batch: list[_Offer] = []
+            count = 0
+            while self._queue and count < self.config.batch_spans:
+                offer = self._queue.popleft()
+                batch.append(offer)
+                count += len(offer.spans)
+            self._queued -= count
             self._busy = bool(batch)
             if not batch:
                 self._idle.notify_all()
@@ -194,37 +292,144 @@ class SpanShipper:
         while True:
             self._wake.wait(self.config.schedule_delay_s)
             self._wake.clear()
-            while batch := self._take():
-                self._export(batch)
+            while not self._closed and (batch := self._take()):
+                self._ship(batch)
+            self._report_losses(final=False)
             if self._closed:
+                with self._lock:
+                    self._busy = False
+                    self._idle.notify_all()
                 return
 
-    def _export(self, batch: list[tuple[ReadableSpan, DropCounter]]) -> None:
+    def _ship(self, batch: list[_Offer]) -> None:
+        """Encode the batch and send it in requests under the collector's message size limit."""
+        chunk: list[tuple[_Offer, list[bytes]]] = []
+        size = 0
+        for offer in batch:
+            try:
+                encoded = [encode_span(span) for span in offer.spans]
+            except (TypeError, ValueError, OverflowError) as exc:  # a producer bug: lose its offer, counted
+                self._lost(offer, "failed", f"unencodable span: {exc}")
+                continue
+            length = sum(map(len, encoded))
+            if chunk and size + length > MAX_REQUEST_BYTES:
+                self._send(chunk)
+                chunk, size = [], 0
+            chunk.append((offer, encoded))
+            size += length
+        if chunk:
+            self._send(chunk)
+
+    def _send(self, chunk: list[tuple[_Offer, list[bytes]]]) -> None:
+        groups: dict[Producer, list[bytes]] = {}
+        for offer, encoded in chunk:
+            groups.setdefault(offer.producer, []).extend(encoded)
+        payload = encode_request(groups.items())
+        retry_until = time.monotonic() + self.config.retry_s
+        backoff = 0.1
+        while True:
+            outcome, rejected, error = self._export(payload)
+            if outcome != "retry" or self._closed or time.monotonic() + backoff > retry_until:
+                break
+            self._stopping.wait(backoff)  # a close cuts the wait short
+            backoff = min(backoff * 2, 1.0)
+        if outcome == "retry":
+            outcome = "failed"
+        for offer, _ in chunk:
+            count = len(offer.spans)
+            lost = min(rejected, count) if outcome == "ok" else count
+            rejected -= min(rejected, count)
+            if lost:
+                self._lost(offer, "failed" if outcome == "ok" else outcome, error, lost)
+            if count - lost:
+                offer.counter.exported += count - lost
+                self.totals.exported += count - lost
+
+    def _export(self, payload: bytes) -> tuple[str, int, str]:
+        """One Export call: ("ok", rejected spans, message), ("retry" | "failed" | "unconfirmed", 0, error)."""
+        future = self._sender.start(payload, self.config.export_timeout_s)
+        with self._lock:
+            self._inflight, self._inflight_since = future, time.monotonic()
+            if self._closed:
+                future.cancel()
         try:
-            ok = self._exporter.export([span for span, _ in batch]) is SpanExportResult.SUCCESS
-        except Exception:  # an exporter bug must not kill the thread that every rank's spans depend on
-            ok = False
-        if ok:
-            self.exported += len(batch)
-            return
-        for _, counter in batch:
-            counter.failed += 1
-        self._failures += 1
+            response = future.result()
+        except grpc.FutureCancelledError:
+            return "unconfirmed", 0, "cancelled at close"
+        except grpc.RpcError as exc:
+            code = exc.code() if callable(getattr(exc, "code", None)) else None
+            self._failing, self._last_error = True, f"{getattr(code, 'name', code)}: {exc.details()}"
+            if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                return "unconfirmed", 0, self._last_error
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                return "retry", 0, self._last_error
+            return "failed", 0, self._last_error
+        finally:
+            with self._lock:
+                self._inflight, self._inflight_since = None, 0.0
+        self._last_ok, self._failing = time.monotonic(), False
+        partial = response.partial_success
+        if partial.rejected_spans:
+            self._last_error = f"collector rejected {partial.rejected_spans} spans: {partial.error_message}"
+        return "ok", max(0, partial.rejected_spans), self._last_error
+
+    def _lost(self, offer: _Offer, how: str, why: str, count: int | None = None) -> None:
+        count = len(offer.spans) if count is None else count
+        setattr(offer.counter, how, getattr(offer.counter, how) + count)
+        setattr(self.totals, how, getattr(self.totals, how) + count)
+        self._last_error = why or self._last_error
+
+    def _report_losses(self, final: bool) -> None:
+        """The rate-limited log line: spans not delivered since the previous line, at most one per interval."""
+        totals = self.totals
+        lost = totals.total
         now = time.monotonic()
-        if now - self._last_warning > 30.0:  # one line per 30 s, not one per batch
-            self._last_warning = now
-            _log.warning(
-                "span export to %s failing (%d batches so far); dropped spans are counted", self.label, self._failures
-            )
+        if lost == self._logged_lost or (not final and now - self._last_log < LOSS_LOG_INTERVAL_S):
+            return
+        _log.warning(
+            "trace spans to %s: %d not delivered since the last report (%d of %d offered in all: queue full %d, "
+            "failed %d, unconfirmed %d)%s",
+            self.label,
+            lost - self._logged_lost,
+            lost,
+            totals.offered,
+            totals.refused,
+            totals.failed,
+            totals.unconfirmed,
+            f"; last error: {self._last_error}" if self._last_error else "",
+        )
+        self._logged_lost, self._last_log = lost, now
+
+
+class OtlpSender:
+    """OTLP/gRPC `TraceService.Export` of pre-encoded requests on one channel (no retries of its own)."""
+
+    METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+    def __init__(self, endpoint: OtlpEndpoint) -> None:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        if endpoint.insecure:
+            self._channel = grpc.insecure_channel(endpoint.target)
+        else:
+            self._channel = grpc.secure_channel(endpoint.target, grpc.ssl_channel_credentials())
+        self._call = self._channel.unary_unary(
+            self.METHOD,
+            request_serializer=None,  # the payload is already the serialized request
+            response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString,
+        )
+
+    def start(self, payload: bytes, timeout_s: float) -> Any:
+        """The call's future (cancellable)."""
+        return self._call.future(payload, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._channel.close()
 
 
 def build_shipper(endpoint: OtlpEndpoint, config: ShipperConfig = ShipperConfig()) -> SpanShipper:
-    """A shipper with an OTLP/gRPC exporter to `endpoint`."""
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-    _quiet_exporter_log()
-    exporter = OTLPSpanExporter(endpoint=endpoint.target, insecure=endpoint.insecure, timeout=config.export_timeout_s)
-    return SpanShipper(exporter, config, label=endpoint.url)
+    """A shipper sending OTLP/gRPC to `endpoint`."""
+    return SpanShipper(OtlpSender(endpoint), config, label=endpoint.url)
 
 
 _shared: dict[tuple[OtlpEndpoint, ShipperConfig], SpanShipper] = {}
@@ -254,25 +459,3 @@ def close_shared(endpoint: OtlpEndpoint, timeout_s: float = 2.0) -> None:
             del _shared[key]
     for shipper in shippers:
         shipper.close(timeout_s)
-
-
-class _OncePer(logging.Filter):
-    """Lets one record per logger through every `seconds` (the exporter logs each failed batch)."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self._last = 0.0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        if now - self._last < self.seconds:
-            return False
-        self._last = now
-        return True
-
-
-def _quiet_exporter_log() -> None:
-    exporter_log = logging.getLogger("opentelemetry.exporter.otlp.proto.grpc.exporter")
-    if not any(isinstance(f, _OncePer) for f in exporter_log.filters):
-        exporter_log.addFilter(_OncePer(30.0))

@@ -13,31 +13,36 @@ derived id, and no rank ever asks another anything.
     │   └── forward
     └── gate.round  rank 1 ...
 
-Always traced: rounds whose vote opened a window, rounds that adopted a config epoch, and rounds in
-which some rank crossed the 0.9 watermark; any other round when `TraceIdRatioBased(rate)` samples its
-trace id. Spans are built after the round from the phase marks (explicit start and end times) as
-`ReadableSpan`s: the SDK tracer would cost ~65 us per rank-round against ~4 us here (measured), and it
-cannot take a span id we derived. The SDK version is pinned and the OTLP test checks the encoding.
+Always traced: rounds that adopted a config epoch and rounds in which some rank crossed the 0.9
+watermark (both rare). Rounds whose vote opened a window are traced at their own rate
+(`--trace-window-sample-rate`): at A=4 a quarter of busy rounds open one, and tracing each of them
+cost the simulator ~30% of its round rate. Any round is traced when `TraceIdRatioBased(rate)` samples
+its trace id. Both rates test the same trace id, so every rank and the controller agree.
+
+Spans are built after the round from the phase marks (explicit start and end times) as `SpanData`
+tuples, encoded on the exporter's thread (`otlp_wire`): the SDK tracer would cost ~65 us per rank-round
+against a few us here (measured), and it cannot take a span id we derived. The root span must cover its
+children, whose ends only the ranks know: each rank publishes in its row this round's start and the
+previous round's end (`Row.span_start_ns`, `Row.previous_span_end_ns`), so the controller builds round
+r's root from the rows of rounds r and r+1.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
+import importlib.metadata
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from control.telemetry.otlp_wire import KIND_INTERNAL, Attributes, Producer, SpanData, producer
 from control.telemetry.trace_export import (
     DEFAULT_EXPORT_TIMEOUT_S,
     DEFAULT_QUEUE_SPANS,
@@ -48,7 +53,7 @@ from control.telemetry.trace_export import (
     shared_shipper,
 )
 from engine.gate import GatePoint
-from engine.phases import MarkTimer, NullTimer
+from engine.phases import MarkTimer, NullTimer, PhaseTimer
 from engine.rows import Row
 from engine.scheduler.plan import K_PREFILL_WATERMARK
 
@@ -56,9 +61,15 @@ if TYPE_CHECKING:
     from engine.rank import RankEngine, RoundOutcome
 
 DEFAULT_SERVICE = "prefill-gate"
-SCOPE = InstrumentationScope("prefill_gate.tracing", "0.1.0")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_ids = RandomIdGenerator()
+try:
+    VERSION = importlib.metadata.version("prefill-gate")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    VERSION = "0+unknown"
+SCOPE_NAME = "prefill_gate.tracing"
+_random_bits = random.getrandbits
+_now = time.time_ns
+_POINT_NAMES = {point.value: point.name for point in GatePoint} | {point: point.name for point in GatePoint}
+_LOCKSTEP = {"gate.lockstep": True}
 _log = logging.getLogger("prefill_gate.tracing")
 
 
@@ -68,6 +79,11 @@ _log = logging.getLogger("prefill_gate.tracing")
 def _digest(kind: bytes, key: str, size: int) -> int:
     value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=size, person=kind).digest(), "big")
     return value or 1  # an all-zero id is invalid in OTLP
+
+
+def _digest_state(kind: bytes, prefix: str, size: int) -> Any:
+    """The hash state after `prefix`: `_digest(kind, prefix + rest)` is this state, copied, updated with rest."""
+    return hashlib.blake2b(prefix.encode(), digest_size=size, person=kind)
 
 
 def round_trace_id(run_id: str, round_: int) -> int:
@@ -91,52 +107,57 @@ def request_trace_id(run_id: str, rid: str) -> int:
 
 
 class SampleReason(StrEnum):
-    """Why a round was traced (the first rule that applies)."""
+    """Why a round was traced: the first rule that applies, rarest first (a config change that lands on
+    a window-open round says `config`)."""
 
-    OPEN = "open"  # the vote opened a window at an ANY or ALL point
     CONFIG = "config"  # every rank adopted a new config epoch after this round's gather
     WATERMARK = "watermark"  # some rank went above the 0.9 watermark this round
+    OPEN = "open"  # the vote opened a window at an ANY or ALL point, sampled at the window rate
     RATIO = "ratio"  # TraceIdRatioBased(--trace-sample-rate) sampled the trace id
 
 
-def hot_ranks(rows: Sequence[Row]) -> tuple[bool, ...]:
-    """Which ranks are above the 0.9 watermark (rule P1's threshold)."""
-    return tuple(row.occupancy > K_PREFILL_WATERMARK for row in rows)
+def hot_ranks(rows: Sequence[Row]) -> int:
+    """Which ranks are above the 0.9 watermark (rule P1's threshold), as a bit mask by rank (cheap: the
+    sampler asks every round)."""
+    mask = 0
+    for row in rows:
+        if row.pool_pages_used > K_PREFILL_WATERMARK * row.pool_pages_usable > 0:  # `Row.occupancy` > 0.9
+            mask |= 1 << row.rank
+    return mask
 
 
-def crossed_watermark(hot: Sequence[bool], previous: Sequence[bool] | None) -> bool:
+def crossed_watermark(hot: int, previous: int | None) -> bool:
     """Some rank is above the watermark now and was not in the previous round.
 
-    `previous` empty: there was no previous round. None: it is unknown (a record was lost), and any rank
-    above the watermark counts, so the controller never leaves a traced round without its root.
+    `previous` 0: none was (or there was no previous round). None: it is unknown (a record was lost), and
+    any rank above the watermark counts, so the controller never leaves a traced round without its root.
     """
-    if previous is None:
-        return any(hot)
-    if not previous:
-        previous = (False,) * len(hot)
-    return any(now and not was for now, was in zip(hot, previous, strict=False))
+    return bool(hot if previous is None else hot & ~previous)
 
 
 def sample_reason(
     trace_id: int,
     rows: Sequence[Row],
-    hot: Sequence[bool],
-    previous_hot: Sequence[bool] | None,
+    hot: int,
+    previous_hot: int | None,
     adopted_epoch: int | None,
     ratio: TraceIdRatioBased,
+    window: TraceIdRatioBased,
 ) -> SampleReason | None:
     """Whether a round is traced: a pure function of what every rank and the controller hold alike.
 
     `hot` / `previous_hot`: `hot_ranks` of this round's and the previous round's rows (see `crossed_watermark`).
+    `ratio` samples any round, `window` the rounds whose vote opened a window; both test the trace id.
     """
-    if any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows):
-        return SampleReason.OPEN
     if adopted_epoch:
         return SampleReason.CONFIG
     if crossed_watermark(hot, previous_hot):
         return SampleReason.WATERMARK
     # TraceIdRatioBased.should_sample's own test, without building its result objects every round.
-    if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < ratio.bound:
+    key = trace_id & TraceIdRatioBased.TRACE_ID_LIMIT
+    if key < window.bound and any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows):
+        return SampleReason.OPEN
+    if key < ratio.bound:
         return SampleReason.RATIO
     return None
 
@@ -150,11 +171,6 @@ class RoundContext:
     root_span_id: int
     reason: SampleReason
 
-    @property
-    def root(self) -> SpanContext:
-        """The root span's context, as a parent for the ranks' spans (another process exports it)."""
-        return SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=_SAMPLED)
-
 
 class RoundSampler:
     """Decides round by round which rounds are traced; remembers the previous rows for the watermark rule.
@@ -165,14 +181,35 @@ class RoundSampler:
     its own process (the simulator), instead of deciding the same round again.
     """
 
-    def __init__(self, run_id: str, sample_rate: float, *, publish: bool = False) -> None:
+    def __init__(self, run_id: str, sample_rate: float, window_rate: float, *, publish: bool = False) -> None:
         self.run_id = run_id
         self.ratio = TraceIdRatioBased(sample_rate)
+        self.window = TraceIdRatioBased(window_rate)
         self._publish = publish
         self._log = _decision_logs.setdefault(run_id, {})
         self._round = -1
-        self._hot: tuple[bool, ...] | None = ()
+        self._hot: int | None = 0
         self._context: RoundContext | None = None
+        self._bound = max(self.ratio.bound, self.window.bound)
+        self._timed_round = -1
+        self._timed_id = 0
+        self._timed = False
+        self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 16)
+
+    def _trace_id(self, round_: int) -> int:
+        """`round_trace_id(self.run_id, round_)`, hashing the run id once."""
+        state = self._trace_key.copy()
+        state.update(str(round_).encode())
+        return int.from_bytes(state.digest(), "big") or 1
+
+    def timed(self, round_: int) -> bool:
+        """Whether a rate may pick round `round_` (its trace id falls under the larger rate), known before
+        it runs: such rounds get their phases timed. Asked before each round, answered once per process."""
+        if round_ != self._timed_round:
+            self._timed_id = self._trace_id(round_)
+            self._timed_round = round_
+            self._timed = self._timed_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+        return self._timed
 
     def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
         """The round's context when it is traced, else None."""
@@ -184,12 +221,12 @@ class RoundSampler:
                 self._round, self._hot, self._context = round_, None, logged
                 return logged
         if round_ == 0:
-            previous: tuple[bool, ...] | None = ()
+            previous: int | None = 0
         else:
             previous = self._hot if self._round == round_ - 1 else None
         hot = hot_ranks(rows)
-        trace_id = round_trace_id(self.run_id, round_)
-        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio)
+        trace_id = self._timed_id if round_ == self._timed_round else self._trace_id(round_)
+        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
         context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
         self._round, self._hot, self._context = round_, hot, context
         if self._publish:
@@ -210,56 +247,9 @@ def forget_run(run_id: str) -> None:
         del _rank_samplers[key]
 
 
-class StaticResource(Resource):
-    """A Resource that hashes once: the OTLP encoder hashes the resource of every span it encodes
-    (a JSON dump, ~5 us), and a rank's resource never changes."""
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
-
-
-def make_span(
-    name: str,
-    context: SpanContext,
-    parent: SpanContext | None,
-    resource: Resource,
-    start_ns: int,
-    end_ns: int,
-    attributes: dict[str, object],
-    *,
-    events: Sequence[Event] = (),
-    links: Sequence[Link] = (),
-    status: Status | None = None,
-) -> ReadableSpan:
-    """A finished span with explicit times, ready to export."""
-    return ReadableSpan(
-        name=name,
-        context=context,
-        parent=parent,
-        resource=resource,
-        attributes=attributes,  # type: ignore[arg-type]
-        events=events,
-        links=links,
-        kind=SpanKind.INTERNAL,
-        status=status or Status(StatusCode.UNSET),
-        start_time=start_ns,
-        end_time=max(start_ns, end_ns),
-        instrumentation_scope=SCOPE,
-    )
-
-
-def span_context(trace_id: int, span_id: int) -> SpanContext:
-    """The context of a span exported from this process (sampled)."""
-    return SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
-
-
 def new_span_id() -> int:
-    """A random span id (for spans nobody needs to find by derivation)."""
-    return _ids.generate_span_id()
+    """A random span id (for spans nobody needs to find by derivation); never the invalid 0."""
+    return _random_bits(64) or 1
 
 
 # -- the rank side -----------------------------------------------------------------------------------
@@ -270,65 +260,116 @@ class RoundMarks(MarkTimer):
 
     def start(self) -> None:
         self.rounds += 1
-        self.marks = [("start", time.time_ns())]
+        self.marks = [("start", _now())]
 
     def lap(self, phase: str) -> None:
-        self.marks.append((phase, time.time_ns()))
+        self.marks.append((phase, _now()))
+
+
+class StartMark(PhaseTimer):
+    """Only the round's start, in an attribute: the timer of rounds no rate can pick. A round has eight
+    phases, and a clock read plus a list entry each cost the in-process simulator ~8% of its round
+    rate on a loaded 2-core machine (measured); the end is read once the round is done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    def start(self) -> None:
+        self.started = _now()
+
+    def lap(self, phase: str) -> None:
+        return None
 
 
 class RankRoundTracer:
-    """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it."""
+    """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it.
+
+    Its row fields (`fill_row`): the spans it could not deliver so far, this round's start and the
+    previous round's end (the controller's root of a round covers every rank's span with them).
+    """
 
     def __init__(
         self,
         engine: RankEngine,
         sampler: RoundSampler,
         shipper: SpanShipper,
-        resource: Resource,
+        resource: Attributes,
         *,
-        last_round: int | None = None,
-        flush_timeout_s: float = 2.0,
+        close_timeout_s: float = 2.0,
     ) -> None:
         self.rank = engine.rank
         self.run_id = sampler.run_id
         self.sampler = sampler
         self.shipper = shipper
-        self.resource = resource
+        self.producer: Producer = producer(resource, SCOPE_NAME, VERSION)
         self.counter = DropCounter()
-        self.last_round = last_round
-        self.flush_timeout_s = flush_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self._previous_end = 0
         self._reported = False
-        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer); otherwise the lean marks do.
-        engine.timer = RoundMarks() if isinstance(engine.timer, NullTimer) else MarkTimer()
+        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer, every round timed); otherwise the
+        # lean marks time the rounds a rate may pick, and the others only start and end.
+        self._profiling = not isinstance(engine.timer, NullTimer)
+        self._phases: MarkTimer = RoundMarks() if not self._profiling else MarkTimer()
+        self._start_only = StartMark()
+        self._timer: MarkTimer | StartMark = self._phases
+        self._arm(engine, engine.round)
+
+    def _arm(self, engine: RankEngine, round_: int) -> None:
+        """Choose the timer of round `round_` before it starts."""
+        timed = self._profiling or self.sampler.timed(round_)
+        self._timer = engine.timer = self._phases if timed else self._start_only
 
     @property
     def dropped(self) -> int:
-        """Spans of this rank that never reached the collector (published in the row as `spans_dropped`)."""
+        """Spans of this rank not confirmed delivered (published in the row as `spans_dropped`)."""
         return self.counter.total
 
+    def fill_row(self, row: Row) -> None:
+        """Publish the drop count and the span bounds the controller's root needs."""
+        row.spans_dropped = self.counter.total
+        timer = self._timer
+        if timer is self._start_only:
+            row.span_start_ns = self._start_only.started
+        else:
+            row.span_start_ns = self._phases.marks[0][1] if self._phases.marks else 0
+        row.previous_span_end_ns = self._previous_end
+
     def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
-        """Trace the round if it is sampled; flush before the last round returns (the process ends next)."""
+        """Trace the round if it is sampled. Never flushes: a flush here would stretch the round (and, in a
+        lockstep group, show up as the next ranks' all-gather); the process flushes when it ends."""
         try:
+            timed = self._timer is self._phases
+            if timed:
+                marks = self._phases.marks
+                self._previous_end = marks[-1][1]
+            else:
+                self._previous_end = _now()
             context = self.sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
-            if context is not None and isinstance(engine.timer, MarkTimer) and len(engine.timer.marks) > 1:
-                self.shipper.offer(self._spans(context, engine.timer.marks, outcome), self.counter)
-            if outcome.stop or (self.last_round is not None and outcome.round >= self.last_round):
-                self.shipper.flush(self.flush_timeout_s)
+            if context is not None:
+                if not timed:
+                    marks = [("start", self._start_only.started), ("commit", self._previous_end)]
+                self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
+            self._arm(engine, outcome.round + 1)
         except Exception:  # a tracing bug must never stop a rank: count the round's spans as lost
-            self.counter.refused += 4
+            self.counter.failed += 4
             if not self._reported:
                 self._reported = True
                 _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
 
-    def _spans(self, context: RoundContext, marks: list[tuple[str, int]], outcome: RoundOutcome) -> list[ReadableSpan]:
-        bounds = {phase: (start, end) for (_, start), (phase, end) in itertools.pairwise(marks)}
+    def close(self) -> None:
+        """End of the rank process: flush and close its shipper (bounded), so that `dropped` is final."""
+        self.shipper.close(self.close_timeout_s)
+
+    def _spans(self, context: RoundContext, marks: list[tuple[str, int]], outcome: RoundOutcome) -> list[SpanData]:
         row = outcome.rows[self.rank]
         decision = outcome.decision
-        own = span_context(context.trace_id, rank_span_id(self.run_id, context.round, self.rank))
-        attributes: dict[str, object] = {  # ~3 us each to encode: what a reader of the round needs, no more
+        trace_id = context.trace_id
+        own = rank_span_id(self.run_id, context.round, self.rank)
+        attributes: dict[str, Any] = {  # what a reader of the round needs, no more
             "gate.rank": self.rank,
             "gate.round": context.round,
-            "gate.point": GatePoint(decision.point).name,
+            "gate.point": _POINT_NAMES[decision.point],
             "gate.open": decision.allow_prefill,
             "gate.counter": decision.counter,
             "gate.want_prefill": row.want_prefill,
@@ -338,46 +379,70 @@ class RankRoundTracer:
         }
         if outcome.adopted_epoch:
             attributes["gate.adopted_epoch"] = outcome.adopted_epoch
-        spans = [make_span("gate.round", own, context.root, self.resource, marks[0][1], marks[-1][1], attributes)]
-        # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
-        gather = bounds.get("gather") or bounds.get("observe")
-        plan = {
-            "gate.batch_size": row.batch_size,
-            "gate.num_extends": row.num_extends,
-            "gate.prefill_tokens": row.prefill_tokens,
-        }
-        gathered = {"gate.ranks": len(outcome.rows)} if "gather" in bounds else {"gate.lockstep": True}
-        children = (
-            ("plan", bounds.get("plan"), plan),
-            ("all-gather", gather, gathered),
-            ("forward", bounds.get("forward"), {"gate.dispatch": outcome.mode.name}),
+        if len(marks) == 2:
+            attributes["gate.phases_timed"] = False  # picked after it ran (config, watermark): no phase marks
+        own_span = SpanData(
+            trace_id,
+            own,
+            context.root_span_id,
+            "gate.round",
+            KIND_INTERNAL,
+            marks[0][1],
+            marks[-1][1],
+            attributes,
+            parent_remote=True,  # the controller exports the root
         )
-        for name, span_bounds, extra in children:
-            if span_bounds is not None:
-                child = span_context(context.trace_id, new_span_id())
-                spans.append(make_span(name, child, own, self.resource, span_bounds[0], span_bounds[1], extra))
+        if len(marks) == 2:
+            return [own_span]
+        spans = [own_span]
+        ends = dict(marks)  # phase -> when it ended; a phase starts when the previous one ended
+        # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
+        gathered = "gather" in ends
+        children = (
+            (
+                "plan",
+                ends.get("decide"),
+                ends.get("plan"),
+                {
+                    "gate.batch_size": row.batch_size,
+                    "gate.num_extends": row.num_extends,
+                    "gate.prefill_tokens": row.prefill_tokens,
+                },
+            ),
+            (
+                "all-gather",
+                ends.get("probe"),
+                ends.get("gather" if gathered else "observe"),
+                {"gate.ranks": len(outcome.rows)} if gathered else _LOCKSTEP,
+            ),
+            ("forward", ends.get("observe"), ends.get("forward"), {"gate.dispatch": outcome.mode.name}),
+        )
+        for name, child_start, child_end, extra in children:
+            if child_start is not None and child_end is not None:
+                spans.append(SpanData(trace_id, new_span_id(), own, name, KIND_INTERNAL, child_start, child_end, extra))
         return spans
 
 
-def rank_resource(run_id: str, rank: int, size: int, service_name: str = DEFAULT_SERVICE) -> Resource:
+def rank_resource(run_id: str, rank: int, size: int, service_name: str = DEFAULT_SERVICE) -> dict[str, Any]:
     """Resource attributes of one rank's spans."""
     return resource_of(
         {
             SERVICE_NAME: service_name,
+            SERVICE_VERSION: VERSION,
             SERVICE_INSTANCE_ID: f"{run_id}/rank{rank}",
-            "rank": rank,
+            "prefill_gate.rank": rank,
             "prefill_gate.run_id": run_id,
             "prefill_gate.dp_size": size,
         }
     )
 
 
-def resource_of(attributes: dict[str, object]) -> StaticResource:
-    """`Resource.create` (SDK defaults, OTEL_RESOURCE_ATTRIBUTES) with our attributes winning, hashed once."""
-    return StaticResource(Resource.create(attributes))  # type: ignore[arg-type]
+def resource_of(attributes: dict[str, object]) -> dict[str, Any]:
+    """`Resource.create`'s attributes (SDK defaults, OTEL_RESOURCE_ATTRIBUTES) with ours winning."""
+    return dict(Resource.create(attributes).attributes)  # type: ignore[arg-type]
 
 
-_rank_samplers: dict[tuple[str, float], RoundSampler] = {}
+_rank_samplers: dict[tuple[str, float, float], RoundSampler] = {}
 
 
 def rank_observer(
@@ -386,26 +451,29 @@ def rank_observer(
     endpoint: str,
     run_id: str,
     sample_rate: float,
-    max_rounds: int | None = None,
+    window_sample_rate: float | None = None,
     service_name: str = DEFAULT_SERVICE,
     queue_spans: int = DEFAULT_QUEUE_SPANS,
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S,
-    flush_timeout_s: float = 2.0,
+    close_timeout_s: float = 2.0,
 ) -> RankRoundTracer:
     """Observer factory a rank process (or the simulator) loads as `control.telemetry.tracing:rank_observer`.
 
     The ranks of one process share one shipper and one sampler (a lockstep group decides each round once).
+    `window_sample_rate` None: window-open rounds at `sample_rate` like any other.
     """
+    if window_sample_rate is None:
+        window_sample_rate = sample_rate
     config = ShipperConfig(max_queue_spans=queue_spans, export_timeout_s=export_timeout_s)
     shipper = shared_shipper(parse_otlp_endpoint(endpoint), config)
-    sampler = _rank_samplers.get((run_id, sample_rate))
+    key = (run_id, sample_rate, window_sample_rate)
+    sampler = _rank_samplers.get(key)
     if sampler is None:
-        sampler = _rank_samplers[(run_id, sample_rate)] = RoundSampler(run_id, sample_rate, publish=True)
+        sampler = _rank_samplers[key] = RoundSampler(run_id, sample_rate, window_sample_rate, publish=True)
     return RankRoundTracer(
         engine,
         sampler,
         shipper,
         rank_resource(run_id, engine.rank, engine.size, service_name),
-        last_round=max_rounds - 1 if max_rounds else None,
-        flush_timeout_s=flush_timeout_s,
+        close_timeout_s=close_timeout_s,
     )

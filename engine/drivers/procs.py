@@ -96,6 +96,7 @@ class RankExited:
     rounds: int
     gathers: int
     phases: dict[str, float] = field(default_factory=dict)
+    observer_dropped: int = 0  # the round observer's final count, after it flushed (trace spans not delivered)
 
 
 RankMessage = RankReady | RankRound | RankFailed | RankExited
@@ -180,7 +181,11 @@ def rank_main(
         # Rank 0's last records reach the pipe before the goodbye that tells the controller to stop reading.
         records.close()
         records.join_thread()
-        events.put(RankExited(rank, rounds, group.gathers, dict(engine.timer.totals)))
+        observer = engine.observer
+        if observer is not None and hasattr(observer, "close"):
+            observer.close()  # after the loop, never inside a round: a flush there would hold the peers' gather
+        dropped = getattr(observer, "dropped", 0)
+        events.put(RankExited(rank, rounds, group.gathers, dict(engine.timer.totals), dropped))
     except BaseException as exc:  # report anything, including a collective timeout, then exit non-zero
         events.put(RankFailed(rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=6)))
         events.close()
