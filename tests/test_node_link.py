@@ -33,6 +33,7 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     ProposeConfig,
     Refused,
     RequestSpec,
@@ -59,6 +60,7 @@ events = st.one_of(
     st.builds(Refused, ids, ranks, st.text(max_size=40)),
     st.builds(AbortIgnored, ids, ranks),
     st.builds(Retracted, ids, ranks, rounds),
+    st.builds(ProposalRefused, st.integers(0, 2**40), st.text(max_size=40), st.text(max_size=12)),
 )
 specs = st.builds(
     RequestSpec,

@@ -20,6 +20,7 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     ProposeConfig,
     Refused,
     RequestEvent,
@@ -42,6 +43,7 @@ EVENT_FIELDS: dict[type, str] = {
     Refused: "refused",
     AbortIgnored: "abort_ignored",
     Retracted: "retracted",
+    ProposalRefused: "proposal_refused",  # rank 0 (node 0) only: crosses a link only under a bug
 }
 EVENT_TYPES = {name: cls for cls, name in EVENT_FIELDS.items()}
 
