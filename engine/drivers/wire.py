@@ -167,7 +167,11 @@ def report_to_pb(message: RankMessage) -> pb.NodeReport:
     elif isinstance(message, RankExited):
         out.exited.CopyFrom(
             pb.RankExitedReport(
-                rank=message.rank, rounds=message.rounds, gathers=message.gathers, phases=message.phases
+                rank=message.rank,
+                rounds=message.rounds,
+                gathers=message.gathers,
+                phases=message.phases,
+                observer_dropped=message.observer_dropped,
             )
         )
     else:
@@ -192,7 +196,7 @@ def report_from_pb(message: pb.NodeReport) -> RankMessage:
         return RankFailed(message.failed.rank, message.failed.error, message.failed.detail)
     if kind == "exited":
         e = message.exited
-        return RankExited(e.rank, e.rounds, e.gathers, dict(e.phases))
+        return RankExited(e.rank, e.rounds, e.gathers, dict(e.phases), e.observer_dropped)
     raise WireError(f"not a rank report: {kind!r}")
 
 

@@ -281,7 +281,7 @@ class RankFailedReport(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., error: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class RankExitedReport(_message.Message):
-    __slots__ = ("rank", "rounds", "gathers", "phases")
+    __slots__ = ("rank", "rounds", "gathers", "phases", "observer_dropped")
     class PhasesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -293,11 +293,13 @@ class RankExitedReport(_message.Message):
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     GATHERS_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
+    OBSERVER_DROPPED_FIELD_NUMBER: _ClassVar[int]
     rank: int
     rounds: int
     gathers: int
     phases: _containers.ScalarMap[str, float]
-    def __init__(self, rank: _Optional[int] = ..., rounds: _Optional[int] = ..., gathers: _Optional[int] = ..., phases: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    observer_dropped: int
+    def __init__(self, rank: _Optional[int] = ..., rounds: _Optional[int] = ..., gathers: _Optional[int] = ..., phases: _Optional[_Mapping[str, float]] = ..., observer_dropped: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("hello", "ready", "round", "failed", "exited")
