@@ -7,6 +7,7 @@ import os
 import sys
 from typing import TextIO
 
+from console.alerts import Bounds
 from console.endpoint import Endpoint, TargetError
 from console.hangup import watch_for_hangup
 from console.source import GrpcSource, ReplaySource, Source
@@ -42,6 +43,24 @@ def add_console_args(parser: argparse.ArgumentParser) -> None:
         "--speed", type=float, default=1.0, help="replay: x the recorded pace (0: as fast as possible)"
     )
     parser.add_argument("--tick-hz", type=float, default=10.0, help="screen refreshes per second (at most)")
+    defaults = Bounds()
+    parser.add_argument("--alert-above-rounds", type=int, default=defaults.above_rounds, metavar="N",
+                        help="alert when a rank stays above the 0.9 watermark for N rounds (default %(default)s)")
+    parser.add_argument("--alert-growing-rounds", type=int, default=defaults.growing_rounds, metavar="N",
+                        help="alert when a rank's waiting prompts grow for N rounds (default %(default)s)")
+    parser.add_argument("--alert-gate-wait-p99", type=float, default=defaults.gate_wait_p99_s, metavar="SECONDS",
+                        help="alert when the run's gate wait p99 exceeds this (default %(default)s)")
+
+
+def build_bounds(ns: argparse.Namespace) -> Bounds:
+    """The alert thresholds the flags give; raises ValueError on one that makes no sense."""
+    for flag, value in (("--alert-above-rounds", ns.alert_above_rounds),
+                        ("--alert-growing-rounds", ns.alert_growing_rounds)):
+        if not 1 <= value <= 2000:
+            raise ValueError(f"{flag} must be in [1, 2000] (the console holds 2,048 rounds), got {value}")
+    if not ns.alert_gate_wait_p99 > 0:
+        raise ValueError(f"--alert-gate-wait-p99 must be > 0 seconds, got {ns.alert_gate_wait_p99}")
+    return Bounds(ns.alert_above_rounds, ns.alert_growing_rounds, ns.alert_gate_wait_p99)
 
 
 def build_source(ns: argparse.Namespace) -> Source:
@@ -59,6 +78,7 @@ def build_source(ns: argparse.Namespace) -> Source:
 def console_main(ns: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     """Entry of `prefill-gate console` after parsing: 0 on a normal quit, 2 on bad input."""
     try:
+        bounds = build_bounds(ns)
         source = build_source(ns)
     except (TargetError, RecordingError, ValueError) as exc:
         print(f"prefill-gate console: error: {exc}", file=err)
@@ -68,7 +88,7 @@ def console_main(ns: argparse.Namespace, err: TextIO = sys.stderr) -> int:
         return 2
     from console.app import ConsoleApp  # Textual loads only once the input is known to be good
 
-    app = ConsoleApp(source, tick_hz=ns.tick_hz)
+    app = ConsoleApp(source, tick_hz=ns.tick_hz, bounds=bounds)
     watch_for_hangup()
     app.run()
     return app.return_code or 0

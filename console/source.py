@@ -8,8 +8,10 @@ records (deterministic tests), or when the worker is cancelled. Nothing here ren
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -19,7 +21,7 @@ from console.admin import AdminClient
 from console.endpoint import Endpoint, describe_rpc_error
 from console.state import Link
 from console.store import TIMELINE
-from control.plane.recording import RecordingError, RecordingReader
+from control.plane.recording import RecordingError, RecordingIndex
 from prefill_gate.v1 import telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 
@@ -35,7 +37,11 @@ class Sink(Protocol):
 
     run_id: str
     dp_size: int
+    executor: str
     paused: bool
+    cursor: int | None
+    link: Link
+    history: deque[pb.RoundRecord]
 
     @property
     def newest(self) -> pb.RoundRecord | None: ...
@@ -46,7 +52,11 @@ class Sink(Protocol):
 
     def status(self, link: Link, detail: str = "", retry_in_s: float | None = None) -> None: ...
 
-    def notice(self, text: str) -> None: ...
+    def notice(self, text: str, epoch: int | None = None) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def truncate_after(self, round_: int) -> None: ...
 
 
 class Source(Protocol):
@@ -77,10 +87,12 @@ class GrpcSource:
         """Stream until cancelled, a permanent error, or `limit` records."""
         attempt = 0
         received = 0
+        stopped = ""  # set when the server ended the stream cleanly: the engine stopped
         poller = asyncio.create_task(self._poll_snapshots(sink))
         try:
             while limit is None or received < limit:
-                sink.status(Link.CONNECTING if attempt == 0 else Link.RECONNECTING, f"connecting to {self.name}")
+                if not stopped:
+                    sink.status(Link.CONNECTING if attempt == 0 else Link.RECONNECTING, f"connecting to {self.name}")
                 try:
                     snapshot = await self.endpoint.telemetry().GetSnapshot(
                         telemetry_pb2.GetSnapshotRequest(), metadata=self.endpoint.metadata, timeout=CALL_TIMEOUT_S
@@ -90,6 +102,7 @@ class GrpcSource:
                         self._watch_request(sink, snapshot), metadata=self.endpoint.metadata
                     )
                     sink.status(Link.LIVE, f"streaming from {self.name}")
+                    stopped = ""
                     async for record in call:
                         sink.record(record)
                         attempt = 0
@@ -97,7 +110,10 @@ class GrpcSource:
                         if limit is not None and received >= limit:
                             call.cancel()
                             return
-                    reason = "the server ended the stream (draining or stopped)"
+                    newest = sink.newest
+                    stopped = "stream ended: the engine stopped" + (
+                        f" after round {newest.round:,}" if newest is not None else ""
+                    )
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in _PERMANENT:
                         sink.status(Link.FAILED, describe_rpc_error(exc, self.name))
@@ -109,9 +125,21 @@ class GrpcSource:
                         self._resume = False
                         continue
                     reason = describe_rpc_error(exc, self.name)
+                    if not stopped and getattr(sink, "server_state", "") in ("draining", "stopped"):
+                        # The server said it was stopping, then the stream broke (a console that fell
+                        # behind is cut off when the drain's grace ends): the engine stopped all the same.
+                        newest = sink.newest
+                        stopped = "stream ended: the engine stopped" + (
+                            f" after round {newest.round:,}" if newest is not None else ""
+                        )
                 delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 attempt += 1
-                sink.status(Link.RECONNECTING, f"{reason}; attempt {attempt}", retry_in_s=delay)
+                if stopped:
+                    # Stays "stopped" while nothing answers: a restart shows up as a new run.
+                    detail = f"{stopped}; watching for a restart"  # what answers meanwhile is beside the point
+                    sink.status(Link.STOPPED, detail, retry_in_s=delay)
+                else:
+                    sink.status(Link.RECONNECTING, f"{reason}; attempt {attempt}", retry_in_s=delay)
                 await asyncio.sleep(delay)
         finally:
             poller.cancel()
@@ -144,72 +172,170 @@ class GrpcSource:
         await self.endpoint.close()
 
 
+class Records(Protocol):
+    """Random access to a replay's records: a recording's index, or a list in memory."""
+
+    error: RecordingError | None
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> pb.RoundRecord: ...
+
+    def round_at(self, index: int) -> int: ...
+
+    def index_of(self, round_: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class RecordList:
+    """Records held in memory (tests, samples), with the index's interface."""
+
+    error: RecordingError | None = None
+
+    def __init__(self, records: Sequence[pb.RoundRecord]) -> None:
+        self.records = list(records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> pb.RoundRecord:
+        return self.records[index]
+
+    def round_at(self, index: int) -> int:
+        """The round of the record at `index`."""
+        return self.records[index].round
+
+    def index_of(self, round_: int) -> int:
+        """The last record whose round is <= `round_`."""
+        return max(bisect.bisect_right([record.round for record in self.records], round_) - 1, 0)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 class ReplaySource:
-    """A recording played back on its own clock (`speed` x; 0: as fast as possible). Playback holds while
-    the view is paused, so space pauses a replay the way it pauses a video."""
+    """A recording played like a video: on its own clock (`speed` x; 0: as fast as it reads), paused while
+    the view is paused, with its speed changeable while playing and any round reachable (`seek`).
+
+    The records are read from the file's index as they are needed; the store holds only the rounds
+    around the position (the timeline's and the history views' worth), never the whole file.
+    """
 
     live = False
     admin: AdminClient | None = None
 
     def __init__(
         self,
-        records: Iterator[pb.RoundRecord],
+        records: Records | Sequence[pb.RoundRecord],
         name: str,
         *,
         speed: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         header: pb.RecordingHeader | None = None,
     ) -> None:
-        self.records = records
+        self.records: Records = records if hasattr(records, "round_at") else RecordList(records)  # type: ignore[arg-type]
         self.name = name
         self.speed = speed
         self.clock = clock
         self.header = header
+        self.next_index = 0  # the next record playback delivers
+        self.playing = False
+        self._timing = 0  # bumped by a seek or a speed change: playback restarts its clock
 
     @classmethod
     def from_file(cls, path: str | Path, *, speed: float = 1.0) -> ReplaySource:
-        """Open a recording; raises RecordingError or OSError (messages fit for the user) when it is not one."""
-        reader = RecordingReader(path)
-        return cls(iter(reader), str(path), speed=speed, header=reader.header)
+        """Open and index a recording; raises RecordingError or OSError (messages fit for the user)."""
+        index = RecordingIndex(path)
+        return cls(index, str(path), speed=speed, header=index.header)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def describe(self) -> str:
+        """`run.pgrec at 2x`: the link line of a replay."""
+        return f"{self.name} at {self.speed:g}x" if self.speed > 0 else f"{self.name} at full speed"
+
+    def set_speed(self, speed: float, sink: Sink) -> None:
+        """Play at `speed` x from now on (0: as fast as it reads)."""
+        self.speed = max(speed, 0.0)
+        self._timing += 1
+        if sink.link is Link.REPLAY:
+            sink.status(Link.REPLAY, self.describe())
 
     async def run(self, sink: Sink, limit: int | None = None) -> None:
-        """Deliver records on the recording's clock until the end, or `limit` records."""
+        """Deliver records on the recording's clock from `next_index` to the end, or `limit` records."""
         if self.header is not None:
             sink.run_id = self.header.run_id
             sink.dp_size = self.header.dp_size
-        sink.status(Link.REPLAY, f"{self.name} at {self.speed:g}x" if self.speed > 0 else f"{self.name} at full speed")
+            sink.executor = self.header.executor
+        sink.status(Link.REPLAY, self.describe())
         count = 0
-        origin_ns: int | None = None
-        started = self.clock()
+        timing = -1
+        origin_ns = started = 0.0
+        self.playing = True
         try:
-            for record in self.records:
+            while self.next_index < len(self.records):
                 while sink.paused:
-                    held = self.clock()
                     await asyncio.sleep(0.05)
-                    started += self.clock() - held
-                if origin_ns is None:
-                    origin_ns = record.unix_nanos
+                    timing = -1  # resume on a fresh clock: a pause is not time to catch up on
+                record = self.records[self.next_index]
+                if timing != self._timing:
+                    timing, origin_ns, started = self._timing, record.unix_nanos, self.clock()
                 if self.speed > 0:
                     due = started + (record.unix_nanos - origin_ns) / 1e9 / self.speed
                     wait = due - self.clock()
                     if wait > 0.002:  # deliver everything already due in one go; sleep only for the future
-                        # A recording with an idle stretch would otherwise hold the replay for its whole length.
-                        await asyncio.sleep(min(wait, 1.0))
+                        # An idle stretch in the recording plays as one second at most, and a seek or a
+                        # speed change during the sleep takes effect within a tenth of a second.
+                        await asyncio.sleep(min(wait, 0.1))
                         if wait > 1.0:
                             started -= wait - 1.0
+                        continue
                 elif count % 256 == 255:
                     await asyncio.sleep(0)  # full speed still lets the UI breathe
+                self.next_index += 1
                 sink.record(record)
                 count += 1
                 if limit is not None and count >= limit:
                     return
         except RecordingError as exc:
+            # A record that does not parse ends playback; what came before it is still worth showing.
+            sink.notice(f"{exc}; replayed the {self.next_index} rounds before it")
+        finally:
+            self.playing = False
+        if self.records.error is not None:
             # A recording of a killed run ends inside a record: what came before it is still worth showing.
-            sink.notice(f"{exc}; replayed the {count} rounds before it")
-        sink.status(Link.ENDED, f"end of {self.name}: {count} rounds replayed")
+            sink.notice(f"{self.records.error}; replayed the {len(self.records)} rounds before it")
+        sink.status(Link.ENDED, f"end of {self.name}: {len(self.records):,} rounds in the file")
+
+    def seek(self, sink: Sink, index: int) -> int:
+        """Show the record at `index` (clamped to the file): from the rounds held when it is there, else by
+        reading the rounds before it from the file. Playback continues after it. Returns the index."""
+        index = min(max(index, 0), len(self.records) - 1)
+        if index < 0:
+            return index
+        target = self.records.round_at(index)
+        history = sink.history
+        if history and history[0].round <= target <= history[-1].round:
+            sink.truncate_after(target)
+        elif history and target > history[-1].round and index - self.records.index_of(history[-1].round) <= BACKFILL:
+            for position in range(self.records.index_of(history[-1].round) + 1, index + 1):
+                sink.record(self.records[position])  # a short step forward: read on
+        else:
+            sink.reset()
+            for position in range(max(index - BACKFILL, 0), index + 1):
+                sink.record(self.records[position])
+        self.next_index = index + 1
+        self._timing += 1
+        if sink.paused:
+            sink.cursor = target
+        return index
+
+    def shown_index(self, round_: int) -> int:
+        """The file index of a round held."""
+        return self.records.index_of(round_)
 
     async def close(self) -> None:
         """Close the recording (also when the app quits before its end)."""
-        close = getattr(self.records, "close", None)  # a generator over the reader closes the file
-        if close is not None:
-            close()
+        self.records.close()

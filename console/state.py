@@ -10,17 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from console.alerts import Alert
+from console.digest import WATERMARK, Digest, Summary
+from console.selection import RankFilter, RankView
 from prefill_gate.v1 import types_pb2 as pb
 
-# kPrefillWatermark (SEMANTICS.md): a rank is under the watermark while occupancy <= 0.9.
-WATERMARK = 0.9
+__all__ = ["WATERMARK", "Connection", "ConsoleState", "Link", "Mark", "Position", "WindowFigures"]
 
 # Every field the console shows, by message: a contract test checks that the control plane fills each
 # one from the engine, so the console never shows a field nobody emits.
 ROW_FIELDS_READ = (
     "rank", "num_tokens", "batch_size", "num_extends", "want_prefill", "has_decode_work", "planned_prefill",
     "occupancy", "resident_chunks", "waiting_prompts", "storage_reads", "retracted", "running",
-    "prefill_tokens", "pending_prefill_tokens", "retractions_total", "forward_us", "above_watermark", "blocks_all",
+    "prefill_tokens", "pending_prefill_tokens", "retractions_total", "forward_us",
 )
 RECORD_FIELDS_READ = (
     "round", "unix_nanos", "counter", "point", "open", "ranks", "config", "run_id", "adopted_epoch",
@@ -29,7 +31,7 @@ RECORD_FIELDS_READ = (
 STATS_FIELDS_READ = (
     "output_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "gate_wait_p99_seconds",
     "gate_wait_p99_rounds", "extend_round_share", "ranks_extending_per_window", "requests_finished",
-    "requests_submitted",
+    "requests_submitted", "records_dropped", "trace_spans_dropped",
 )
 
 
@@ -40,9 +42,14 @@ class Link(Enum):
     LIVE = "live"
     STALE = "stale"
     RECONNECTING = "reconnecting"
+    STOPPED = "stopped"  # the server ended the stream cleanly (the engine stopped); checking again
     FAILED = "failed"  # a permanent error (wrong token): the console stops retrying
     REPLAY = "replay"
     ENDED = "ended"  # the replay reached the end of its file
+
+
+# Links whose data is current; anything else is shown as not live on every part of the screen.
+CURRENT = frozenset({Link.LIVE, Link.REPLAY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,18 @@ class WindowFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class Position:
+    """Where a replay is in its file."""
+
+    index: int  # 0-based record index of the round shown
+    total: int  # records in the file (whole ones)
+    first_round: int
+    last_round: int
+    speed: float  # x the recorded pace; 0: as fast as it reads
+    playing: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ConsoleState:
     """Everything on screen at one tick."""
 
@@ -101,6 +120,45 @@ class ConsoleState:
     paused: bool = False
     behind: int = 0  # records between the shown round and the newest
     notice: str = ""  # one line worth reading now (a restart, a truncated file)
+    executor: str = ""  # "sim", "torch", ... when the server or the recording says
+    summary: Summary = field(default_factory=Summary)
+    views: tuple[RankView, ...] = ()  # the ranks listed, sorted and filtered
+    history: tuple[Digest, ...] = ()  # the rounds up to the shown one, oldest first
+    alerts: tuple[Alert, ...] = ()
+    sort_key: str = "rank"
+    sort_reverse: bool = False
+    rank_filter: RankFilter = field(default_factory=RankFilter)
+    position: Position | None = None  # replay only
+    age_s: float | None = None  # seconds since the newest record arrived (live)
+    held: int = 0  # rounds held up to the shown one
+    stride: int = 1  # the history views show every stride-th round (a fast stream is sampled)
+
+    @property
+    def current(self) -> bool:
+        """The screen shows data as it happens: live and following, or a replay playing."""
+        return self.connection.link in CURRENT and not self.paused
+
+    @property
+    def alert_count(self) -> int:
+        """Alerts the header counts."""
+        return sum(1 for alert in self.alerts if alert.counts)
+
+    def freshness(self) -> str:
+        """A short, loud word for a view that is not live now; empty when it is."""
+        link = self.connection.link
+        if link is Link.STALE:
+            return f"STALE {self.connection.stale_s:.0f} s"
+        if link in (Link.RECONNECTING, Link.CONNECTING):
+            return "DISCONNECTED" if self.record is not None else "CONNECTING"
+        if link is Link.STOPPED:
+            return "ENGINE STOPPED"
+        if link is Link.FAILED:
+            return "FAILED"
+        if link is Link.ENDED:
+            return "REPLAY ENDED" if not self.paused else "REPLAY PAUSED"
+        if link is Link.REPLAY:
+            return "REPLAY PAUSED" if self.paused else "REPLAY"
+        return "PAUSED" if self.paused else ""
 
     @property
     def ranks(self) -> tuple[pb.RankRow, ...]:

@@ -37,6 +37,42 @@ class PrefillDelay:
     any_interval: int
 
 
+class IntervalError(ValueError):
+    """An invalid gate configuration; the message names the flag(s), `flags` lists the ones at fault."""
+
+    def __init__(self, message: str, *flags: str) -> None:
+        super().__init__(message)
+        self.flags = flags
+
+
+def check_intervals(attempt: object, any_: object) -> PrefillDelay | None:
+    """The two intervals on their own (C2): None when both are unset; raises IntervalError.
+
+    `ServerArgs.prefill_delay` reads this first, and `PrefillGate` refuses the same values with the
+    same words, so no path can build a gate startup would refuse.
+    """
+    if attempt is None and any_ is None:
+        return None
+    if attempt is None or any_ is None:
+        missing, given = (ATTEMPT_FLAG, ANY_FLAG) if attempt is None else (ANY_FLAG, ATTEMPT_FLAG)
+        raise IntervalError(
+            f"{given} is set ({attempt if any_ is None else any_}) but {missing} is not: "
+            f"the prefill delay gate needs both intervals",
+            missing,
+        )
+    for flag, value in ((ATTEMPT_FLAG, attempt), (ANY_FLAG, any_)):
+        if not _is_positive_int(value) or value > MAX_INTERVAL:  # type: ignore[operator]
+            raise IntervalError(f"{flag} must be an integer in [1, {MAX_INTERVAL}], got {value!r}", flag)
+    if any_ < attempt:  # type: ignore[operator]
+        raise IntervalError(
+            f"{ANY_FLAG} ({any_}) must be >= {ATTEMPT_FLAG} ({attempt}): otherwise the ALL points "
+            f"a burst relies on could never be reached twice in a row",
+            ANY_FLAG,
+            ATTEMPT_FLAG,
+        )
+    return PrefillDelay(attempt_interval=attempt, any_interval=any_)  # type: ignore[arg-type]
+
+
 def _opt(help_text: str, default: Any = None, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help_text, **extra})
 
@@ -93,35 +129,24 @@ class ServerArgs:
     @property
     def prefill_delay(self) -> PrefillDelay | None:
         """The gate's intervals, or None when both are unset. Validates on every read (C2)."""
-        attempt = self.prefill_attempt_interval
-        any_ = self.prefill_any_attempt_interval
-        if attempt is None and any_ is None:
+        delay = check_intervals(self.prefill_attempt_interval, self.prefill_any_attempt_interval)
+        if delay is None:
             return None
-        if attempt is None or any_ is None:
-            missing, given = (ATTEMPT_FLAG, ANY_FLAG) if attempt is None else (ANY_FLAG, ATTEMPT_FLAG)
-            raise ValueError(
-                f"{given} is set ({attempt if any_ is None else any_}) but {missing} is not: "
-                f"the prefill delay gate needs both intervals"
-            )
-        for flag, value in ((ATTEMPT_FLAG, attempt), (ANY_FLAG, any_)):
-            if not _is_positive_int(value) or value > MAX_INTERVAL:
-                raise ValueError(f"{flag} must be an integer in [1, {MAX_INTERVAL}], got {value!r}")
-        if any_ < attempt:
-            raise ValueError(
-                f"{ANY_FLAG} ({any_}) must be >= {ATTEMPT_FLAG} ({attempt}): otherwise the ALL points "
-                f"a burst relies on could never be reached twice in a row"
-            )
         if self.disaggregation_mode != "null":
-            raise ValueError(
+            raise IntervalError(
                 f"{ATTEMPT_FLAG}/{ANY_FLAG} apply to the fused role only; "
-                f"--disaggregation-mode is {self.disaggregation_mode!r}"
+                f"--disaggregation-mode is {self.disaggregation_mode!r}",
+                ATTEMPT_FLAG,
+                ANY_FLAG,
             )
         if self.prefill_decode_interval is not None:
-            raise ValueError(
+            raise IntervalError(
                 f"{ATTEMPT_FLAG}/{ANY_FLAG} cannot be combined with {DECODE_INTERVAL_FLAG} "
-                f"({self.prefill_decode_interval}): the local interval would break the group's alignment"
+                f"({self.prefill_decode_interval}): the local interval would break the group's alignment",
+                ATTEMPT_FLAG,
+                ANY_FLAG,
             )
-        return PrefillDelay(attempt_interval=attempt, any_interval=any_)
+        return delay
 
     @property
     def max_batch_size(self) -> int:

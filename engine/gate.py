@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
+from engine.config import check_intervals
 from engine.rows import all_idle
 
 
@@ -75,14 +76,16 @@ class PrefillGate:
     """The counter `rounds` (rounds_since_prefill) and the rows it last observed.
 
     Both intervals None is the gate switched off: every round is open (R8). The counter keeps
-    counting while off, so switching the gate back on at runtime keeps it (G1).
+    counting while off, so switching the gate back on at runtime keeps it (G1). Intervals startup
+    would refuse (one of the two, below 1, K < A) raise ValueError with startup's words (C2).
     """
 
     def __init__(self, attempt_interval: int | None = None, any_interval: int | None = None) -> None:
-        self.attempt_interval = attempt_interval
-        self.any_interval = any_interval
+        self.attempt_interval: int | None = None
+        self.any_interval: int | None = None
         self.rounds = 0
         self.rows: tuple[GateRow, ...] | None = None
+        self.reconfigure(attempt_interval, any_interval)
 
     @property
     def enabled(self) -> bool:
@@ -101,6 +104,8 @@ class PrefillGate:
         self.rows = tuple(rows)
 
     def reconfigure(self, attempt_interval: int | None, any_interval: int | None) -> None:
-        """Adopt new intervals (None, None: off); the counter is kept (G1). ServerArgs validates first."""
+        """Adopt new intervals (None, None: off); the counter is kept (G1). Raises ValueError and
+        changes nothing for intervals startup would refuse."""
+        check_intervals(attempt_interval, any_interval)
         self.attempt_interval = attempt_interval
         self.any_interval = any_interval

@@ -1,16 +1,21 @@
 """The all-gather seam: the one collective of every round (R2).
 
 `TorchGroup` is the real thing: one process per rank, `torch.distributed` (gloo on CPU, NCCL on
-CUDA). `LocalGroup` steps every rank of a group inside one process, for the simulator and fast
-tests: the lockstep driver hands it every rank's row and it returns the same gathered tuple to all.
-Both count gathers, so a test (and the engine itself) can check that a round gathered exactly once.
+CUDA), joined through torch's own rendezvous: `tcp://HOST:PORT` (one node: rank 0 hosts the store),
+`env://` (torchrun: MASTER_ADDR/MASTER_PORT, its agent hosts the store) or `store://HOST:PORT/PREFIX`
+(several nodes: node 0's controller hosts a TCPStore and every rank is its client).
+
+`LocalGroup` steps every rank of a group inside one process, for the simulator and fast tests: the
+lockstep driver hands it every rank's row and it returns the same gathered tuple to all. Both count
+gathers, so a test (and the engine itself) can check that a round gathered exactly once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from engine.rows import ROW_WIDTH, Row, decode_rows
 
@@ -72,13 +77,7 @@ class TorchGroup:
         self.size = size
         self.gathers = 0
         self.device = torch.device(device if backend != "nccl" else f"cuda:{torch.cuda.current_device()}")
-        dist.init_process_group(
-            backend=backend,
-            init_method=init_method,
-            rank=rank,
-            world_size=size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        join_group(dist, init_method, rank, size, backend, timedelta(seconds=timeout_s))
         self._send = torch.zeros(ROW_WIDTH, dtype=torch.int64, device=self.device)
         self._recv = torch.zeros(ROW_WIDTH * size, dtype=torch.int64, device=self.device)
 
@@ -102,3 +101,19 @@ class TorchGroup:
         """Leave the group; safe to call twice."""
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
+
+
+STORE_SCHEME = "store://"
+
+
+def join_group(dist: Any, init_method: str, rank: int, size: int, backend: str, timeout: timedelta) -> None:
+    """`init_process_group` through `init_method`; `store://` joins a TCPStore hosted elsewhere as a client."""
+    if not init_method.startswith(STORE_SCHEME):
+        dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
+        return
+    where = urlparse(init_method)
+    if where.hostname is None or where.port is None:
+        raise ValueError(f"expected store://HOST:PORT/PREFIX, got {init_method!r}")
+    client = dist.TCPStore(where.hostname, where.port, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(where.path.strip("/") or "ranks", client)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)

@@ -92,6 +92,8 @@ class Summary:
     gate_wait_p99_rounds: float | None
     gate_wait_max_s: float
     gate_wait_p99_s: float | None
+    # Ended unfinished because the engine stopped: submitted = finished + aborted + refused + cut off + live.
+    requests_cut_off: int = 0
     prompt_tokens: int = 0
     prefix_hit_requests: int = 0
     prefix_hit_tokens: int = 0
@@ -131,6 +133,7 @@ class RunMetrics:
         self.finished = 0
         self.aborted = 0
         self.refused = 0
+        self.cut_off = 0
         self.retractions = 0
         self.first_tokens = 0
         self.prompt_tokens = 0
@@ -160,6 +163,10 @@ class RunMetrics:
         self._version += 1
         self.submitted += len(arrivals)
         self._arrival.update(arrivals)
+
+    def arrival(self, rid: str) -> float | None:
+        """The arrival time of a submitted request that has not ended (None when unknown)."""
+        return self._arrival.get(rid)
 
     def add_record(self, record: RoundRecord) -> None:
         """One round record (rank 0's)."""
@@ -197,6 +204,8 @@ class RunMetrics:
                 self._arrival.pop(event.rid, None)
                 if event.reason is FinishReason.ABORT:
                     self.aborted += 1
+                elif event.reason is FinishReason.CUT_OFF:
+                    self.cut_off += 1
                 else:
                     self.finished += 1
             elif isinstance(event, Admitted):
@@ -267,6 +276,7 @@ class RunMetrics:
             gate_wait_p99_rounds=percentile(waits, 99),
             gate_wait_max_s=max(wait_s, default=0.0),
             gate_wait_p99_s=percentile(wait_s, 99),
+            requests_cut_off=self.cut_off,
             prompt_tokens=self.prompt_tokens,
             prefix_hit_requests=self.prefix_hit_requests,
             prefix_hit_tokens=self.prefix_hit_tokens,

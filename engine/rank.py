@@ -27,6 +27,7 @@ from engine.request import (
     Abort,
     Command,
     Finished,
+    ProposalRefused,
     ProposeConfig,
     RequestError,
     RequestEvent,
@@ -98,6 +99,7 @@ class RankEngine:
         self.epoch = 0
         self._completed_ops: list[CacheOp] = []
         self._proposals: deque[ProposeConfig] = deque()
+        self._refused: list[ProposalRefused] = []
         self._stop_requested = False
         self._forward_us = 0
         self.timer: PhaseTimer = NullTimer()
@@ -144,7 +146,10 @@ class RankEngine:
         result = self._forward(rows)
         timer.lap("forward")
         self.scheduler.commit(self._plan, result, self.clock.now())
-        events = self.scheduler.take_events()
+        events: list[RequestEvent] = self.scheduler.take_events()
+        if self._refused:
+            events += self._refused
+            self._refused = []
         for event in events:
             if isinstance(event, Finished):
                 self.executor.release(event.rid)
@@ -159,6 +164,9 @@ class RankEngine:
             adopted_epoch=adopted,
             stop=rows[0].stop,
         )
+        if outcome.stop and self.scheduler.live:  # every rank leaves after this round: say what it leaves
+            self.scheduler.cut_off(f"the engine stopped after round {self.round} (an agreed stop)")
+            outcome.events += self.scheduler.take_events()
         if self.rank == 0:
             outcome.record = self._record(outcome, record_config)
         self.round += 1
@@ -280,9 +288,20 @@ class RankEngine:
         return self.epoch
 
     def _queue_proposal(self, command: ProposeConfig) -> None:
+        """G1 at rank 0's intake: a proposal is checked where it enters, so that its adoption, on every
+        rank after the same gather, cannot fail on any. A stale epoch or values startup would refuse
+        are dropped, and reported, with nothing changed."""
+        newest = self._proposals[-1].epoch if self._proposals else self.epoch
         if self.rank != 0:
-            raise ValueError(f"config changes are proposed by rank 0, not rank {self.rank} (G1)")
-        self._proposals.append(command)
+            error = f"config changes are proposed by rank 0, not rank {self.rank} (G1)"
+        elif command.epoch <= newest:
+            error = f"config epoch {command.epoch} is stale: epoch {newest} is already accepted"
+        else:
+            error = _proposal_error(self.args, command.delay)
+        if error:
+            self._refused.append(ProposalRefused(command.epoch, error))
+        else:
+            self._proposals.append(command)
 
     def _forward(self, rows: tuple[Row, ...]) -> ForwardResult:
         started = time.perf_counter()
@@ -311,6 +330,17 @@ class RankEngine:
             any_interval=delay.any_interval if delay else None,
             adopted_epoch=outcome.adopted_epoch,
         )
+
+
+def _proposal_error(args: ServerArgs, delay: PrefillDelay | None) -> str:
+    """Startup's words for what is wrong with `delay` on these arguments, or "" (C3)."""
+    attempt = delay.attempt_interval if delay is not None else None
+    any_ = delay.any_interval if delay is not None else None
+    try:
+        args.replace(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_).prefill_delay  # noqa: B018
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def _interval(proposal: ProposeConfig | None, name: str) -> int:

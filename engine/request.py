@@ -130,6 +130,7 @@ class FinishReason(StrEnum):
 
     LENGTH = "length"
     ABORT = "abort"
+    CUT_OFF = "cut_off"  # the engine stopped (an agreed stop, a crash, a lost rank) before the request finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,7 @@ class Tokens:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The request ended; `output_len` tokens were produced."""
+    """The request ended; `output_len` tokens were produced. `detail` says why a request was cut off."""
 
     rid: str
     rank: int
@@ -182,6 +183,7 @@ class Finished:
     time: float
     reason: FinishReason
     output_len: int
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,4 +212,16 @@ class Retracted:
     round: int
 
 
-RequestEvent = Admitted | ChunkPlanned | FirstToken | Tokens | Finished | Refused | AbortIgnored | Retracted
+@dataclass(frozen=True, slots=True)
+class ProposalRefused:
+    """A config proposal the rank refused at intake (a stale epoch, or values startup would refuse):
+    nothing changed. Not a request's event, but it travels with them to the controller."""
+
+    epoch: int
+    error: str
+    rid: str = ""
+
+
+RequestEvent = (
+    Admitted | ChunkPlanned | FirstToken | Tokens | Finished | Refused | AbortIgnored | Retracted | ProposalRefused
+)

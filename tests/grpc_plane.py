@@ -60,13 +60,14 @@ async def serving(
     pace: float | None = 0.5,
     token: str | None = TOKEN,
     channel_options: list[tuple[str, Any]] | None = None,
+    port: int = 0,
     **options: Any,
 ) -> AsyncIterator[Served]:
-    """Start the engine, attach the control plane on port 0 (as `serve` does), and stop both after."""
+    """Start the engine, attach the control plane on `port` (0: a free one, as `serve` does), and stop both after."""
     backend = backend or SimBackend(args, None, pace=pace)
     controller = Controller(args, backend, stop_when_idle=False)
     await asyncio.get_running_loop().run_in_executor(None, controller.start)
-    plane = ControlPlane(controller, PlaneOptions(port=0, token=token, **options), out=io.StringIO())
+    plane = ControlPlane(controller, PlaneOptions(port=port, token=token, **options), out=io.StringIO())
     try:
         await plane.start()
     except BaseException:
@@ -86,13 +87,18 @@ async def serving(
             backend.close()
 
 
-def bad_fields(error: grpc.aio.AioRpcError) -> set[str]:
-    """The field names of the BadRequest carried by an INVALID_ARGUMENT error."""
+def bad_request(error: grpc.aio.AioRpcError) -> list[error_details_pb2.BadRequest.FieldViolation]:
+    """The field violations of the BadRequest carried by an INVALID_ARGUMENT error."""
     status = rpc_status.from_call(error)
     assert status is not None, f"no rich status in {error.code()}: {error.details()}"
-    names: set[str] = set()
+    violations = []
     for detail in status.details:
         bad = error_details_pb2.BadRequest()
         assert detail.Unpack(bad)
-        names |= {violation.field for violation in bad.field_violations}
-    return names
+        violations += bad.field_violations
+    return violations
+
+
+def bad_fields(error: grpc.aio.AioRpcError) -> set[str]:
+    """The field names of the BadRequest carried by an INVALID_ARGUMENT error."""
+    return {violation.field for violation in bad_request(error)}

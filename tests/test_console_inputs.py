@@ -48,6 +48,9 @@ def write_recording(path: Path, count: int = RECORDS) -> list[pb.RoundRecord]:
         (("--replay", "."), ": Is a directory"),
         (("--replay", "x", "--speed", "-1"), "--speed must be >= 0"),
         (("--tick-hz", "0"), "--tick-hz must be in (0, 60]"),
+        (("--alert-above-rounds", "0"), "--alert-above-rounds must be in [1, 2000]"),
+        (("--alert-growing-rounds", "5000"), "--alert-growing-rounds must be in [1, 2000]"),
+        (("--alert-gate-wait-p99", "-1"), "--alert-gate-wait-p99 must be > 0 seconds"),
     ],
 )
 def test_bad_flags_exit_before_the_app_starts(argv: tuple[str, ...], message: str) -> None:
@@ -96,7 +99,7 @@ async def test_replay_plays_every_record_then_ends(tmp_path: Path) -> None:
     app = await replay(path)
     assert [r.round for r in app.store.history] == [r.round for r in records]
     assert app.store.link is Link.ENDED
-    assert f"{RECORDS} rounds replayed" in app.store.detail
+    assert f"{RECORDS} rounds in the file" in app.store.detail
     assert app.store.run_id == "sample-run" and app.state.dp_size == 2
     assert app.store.notice_text == ""
 

@@ -2,7 +2,9 @@
 link's bad days (unreachable, wrong token, a server that restarts mid-stream).
 
 The engine is the lockstep simulator paced to wall time, behind the real gRPC server on an ephemeral
-port, on the test's own event loop; the console connects to it over TCP like any client.
+port, on the test's own event loop; the console connects to it over TCP like any client. Pilot's
+CPU-idle wait is replaced (`quick_idle`, see tests/console_pilot.py): the simulator in the same process
+never lets the test look idle, and that wait alone cost two seconds per key.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.command import CommandPalette
 from textual.pilot import Pilot
 
 from console.admin import AdminClient
@@ -27,14 +28,19 @@ from console.endpoint import Endpoint
 from console.sample import sample_args, sample_workload
 from console.screens.confirm import Confirm
 from console.screens.editor import IntervalEditor
-from console.screens.help import HelpScreen
-from console.screens.rank_detail import RankDetail
 from console.source import GrpcSource
 from console.state import Link
 from console.widgets import RankGrid
 from control.host.backends import SimBackend
 from control.host.controller import Controller
 from control.plane.grpc_server import ControlPlane, PlaneOptions
+from tests.console_pilot import (
+    back_on_main,
+    quick_idle,  # noqa: F401 - a fixture, used by pytestmark
+    screen_text,
+)
+
+pytestmark = pytest.mark.usefixtures("quick_idle")
 
 TOKEN = "console-test-token"
 DP_SIZE = 4
@@ -109,7 +115,8 @@ def header_text(app: ConsoleApp) -> str:
 
 
 async def test_live_view_and_navigation_keys() -> None:
-    """Live data reaches every widget; space, left/right, shift+arrows, grid keys, enter, help, palette, q."""
+    """Live data reaches every widget; space holds the view while rounds keep coming; left/right and the
+    shift+arrows move through the rounds held; q quits. (The other screens' keys: test_console_keys.py.)"""
     async with served() as server:
         app = console(server.plane.target)
         async with app.run_test(size=(120, 40)) as pilot:
@@ -142,60 +149,6 @@ async def test_live_view_and_navigation_keys() -> None:
             await pilot.press("space")
             assert not app.state.paused and "following the newest" in header_text(app)
 
-            # the grid's cursor keys
-            await pilot.press("down", "down")
-            assert grid.cursor == 2
-            await pilot.press("up")
-            assert grid.cursor == 1
-            await pilot.press("end")
-            assert grid.cursor == DP_SIZE - 1
-            await pilot.press("home")
-            assert grid.cursor == 0
-            await pilot.press("pagedown")
-            assert grid.cursor == DP_SIZE - 1
-            await pilot.press("pageup")
-            assert grid.cursor == 0
-
-            # enter: the cursor rank's recent rows; up/down switch rank; escape goes back
-            await pilot.press("down", "enter")
-            assert isinstance(app.screen, RankDetail) and app.screen.rank == 1
-            await until(pilot, lambda: len(app.screen.lines) > 10, "rank 1's rows")
-            assert all(line.plain.split()[0].isdigit() for line in app.screen.lines)
-            await pilot.press("down")
-            assert app.screen.rank == 2
-            await pilot.press("up", "up")
-            assert app.screen.rank == 0
-            await pilot.press("escape")
-            assert isinstance(app.screen.query_one(RankGrid), RankGrid)
-            await pilot.press("enter")
-            assert isinstance(app.screen, RankDetail)
-            await pilot.press("enter")  # enter also goes back
-            assert not isinstance(app.screen, RankDetail)
-
-            # help lists the keys; escape closes it
-            await pilot.press("question_mark")
-            assert isinstance(app.screen, HelpScreen)
-            await pilot.press("escape")
-            assert not isinstance(app.screen, HelpScreen)
-            await pilot.press("f1")
-            assert isinstance(app.screen, HelpScreen)
-            text = app.screen.plain_text()
-            assert "Keys and what the columns mean" in text and "blocks ALL" in text
-            for binding in app.BINDINGS:
-                assert binding.tooltip in text  # every key the app binds is explained
-            await pilot.press("e", "d")  # the app's keys stay quiet over a dialog
-            assert isinstance(app.screen, HelpScreen) and len(app.screen_stack) == 2
-            await pilot.press("q")  # q closes help, and only help
-            assert not isinstance(app.screen, HelpScreen) and app.is_running
-
-            # the command palette offers every action
-            await pilot.press("ctrl+p")
-            assert isinstance(app.screen, CommandPalette)
-            titles = {command.title for command in app.get_system_commands(app.screen)}
-            assert {"Pause or resume", "Back one round", "Forward one round", "Rank detail", "Edit gate intervals",
-                    "Disable the gate", "Help", "Quit"} <= titles
-            await pilot.press("escape")
-
             await pilot.press("q")
             await pilot.pause()
         assert app.return_code == 0
@@ -211,11 +164,15 @@ async def test_editor_errors_then_success_and_disable() -> None:
             editor = app.screen
             assert isinstance(editor, IntervalEditor)
 
-            # ANY below ALL: refused by the server's validation (C2), named on the any_interval field
+            # ANY below ALL: refused by the server's validation (C2). The message is about both fields: it is
+            # shown once, in the fields' own words (the server words it with the launch flags)
             await fill(pilot, editor, "8", "2")
             await until(pilot, lambda: editor.shown_violations, "violations")
             assert "any_interval" in editor.shown_violations
             assert "not applied" in editor.status_text
+            shown = "\n".join(str(editor.query_one(f"#{name}-error").render()) for name in ("attempt", "any"))
+            assert "ANY interval K (2) must be >= ALL interval A (8)" in shown
+            assert "--prefill" not in shown and shown.count("must be >=") == 1
 
             # a negative interval: its own field
             await fill(pilot, editor, "-3", "12", submit="ctrl+s")
@@ -252,6 +209,21 @@ async def test_editor_errors_then_success_and_disable() -> None:
             await until(pilot, lambda: "gate disabled" in app.store.notice_text, "the gate disabled")
             assert server.controller.config.delay is None
             await until(pilot, lambda: "gate OFF" in header_text(app), "the header shows the gate off")
+            assert "gate disabled" in header_text(app).splitlines()[2]
+
+            # e re-enables from the intervals last in force; the "disabled" notice goes with the config it
+            # announced (it used to stay for a minute under a header reading "gate ON")
+            await pilot.press("e")
+            editor = app.screen
+            assert isinstance(editor, IntervalEditor)
+            assert (editor.query_one("#attempt").value, editor.query_one("#any").value) == ("2", "6")
+            await pilot.press("enter", "enter")
+            await until(pilot, lambda: editor.status_text.startswith("applied"), "re-enabled")
+            await pilot.press("escape")
+            await back_on_main(pilot, app)
+            await until(pilot, lambda: "gate ON" in header_text(app), "the header shows the gate on")
+            app.refresh_now()
+            assert "gate disabled" not in header_text(app)
 
 
 async def fill(pilot: Pilot, editor: IntervalEditor, attempt: str, any_: str, submit: str = "enter") -> None:
@@ -263,7 +235,7 @@ async def fill(pilot: Pilot, editor: IntervalEditor, attempt: str, any_: str, su
         field.value = ""  # type: ignore[attr-defined]
         field.focus()
         await pilot.press(*list(value) or ["backspace"])
-    await pilot.press(submit)
+    await pilot.press(submit, submit)  # the first shows what would change, the second applies
 
 
 async def test_wrong_token_and_stale_epoch_are_reported_in_the_editor() -> None:
@@ -320,7 +292,9 @@ async def test_unreachable_target_then_server_appears_then_restarts() -> None:
             assert first_run == first.controller.run_id
         finally:
             await first.stop()
-        await until(pilot, lambda: app.store.link is Link.RECONNECTING, "the stream ended")
+        await until(pilot, lambda: app.store.link is Link.STOPPED, "the stream ended")
+        app.refresh_now()
+        assert header_text(app).startswith("■ engine stopped")
 
         second = await start_server(port)
         try:
@@ -329,9 +303,25 @@ async def test_unreachable_target_then_server_appears_then_restarts() -> None:
             app.refresh_now()
             assert app.state.connection.link is Link.LIVE
             assert "the server restarted" in app.store.notice_text and first_run in app.store.notice_text
+            assert "the server restarted" in header_text(app).splitlines()[2]
             assert all(record.run_id == second.controller.run_id for record in app.store.history)
         finally:
             await second.stop()
+
+        # a clean stop: the stream ended, and every part of the screen says the engine stopped; nothing
+        # still reads as live (the old notice, the rate, "following the newest", full colour)
+        await until(pilot, lambda: app.store.link is Link.STOPPED, "the engine stopped")
+        app.refresh_now()
+        await pilot.pause()
+        header = header_text(app).splitlines()
+        assert header[0].startswith("■ engine stopped") and "rounds/s" not in header[0]
+        assert "last round received" in header[0]
+        assert "frozen on the last round received" in header[1] and "following the newest" not in header[1]
+        assert header[2].startswith("stream ended: the engine stopped after round")
+        assert "restarted" not in header[2]
+        text = screen_text(app)
+        assert "ENGINE STOPPED" in text[3]
+        assert "ENGINE STOPPED" in next(line for line in text if "window timeline" in line)
 
 
 @pytest.mark.parametrize("dp_size", [64])

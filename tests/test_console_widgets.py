@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 from google.rpc import error_details_pb2, status_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from console.admin import field_violations
 from console.app import ConsoleApp
@@ -20,29 +22,7 @@ from console.widgets.rank_grid import Columns
 from console.widgets.status_header import config_label, link_label
 from console.widgets.timeline import GAP, level, point_glyph
 from prefill_gate.v1 import types_pb2 as pb
-
-CONFIG = pb.GateConfig(epoch=2, attempt_interval=4, any_interval=12, enabled=True, policy="gate")
-
-
-def row(rank: int, **fields: object) -> pb.RankRow:
-    """A rank row; `blocks_all` and `above_watermark` follow the fields as the converter sets them."""
-    message = pb.RankRow(rank=rank, **fields)
-    message.blocks_all = message.has_decode_work and not message.want_prefill
-    message.above_watermark = message.occupancy > 0.9
-    return message
-
-
-def record(round_index: int, rows: list[pb.RankRow], *, point: int = pb.GATE_POINT_NONE, opened: bool = False,
-           counter: int = 0, dropped_before: int = 0, run_id: str = "run-a") -> pb.RoundRecord:
-    """A round record at 100 rounds/s of server time."""
-    return pb.RoundRecord(
-        round=round_index, unix_nanos=1_000_000_000 + round_index * 10_000_000, counter=counter, point=point,
-        open=opened, ranks=rows, config=CONFIG, dropped_before=dropped_before, run_id=run_id,
-        ranks_extending=sum(1 for r in rows if r.num_extends),
-        ranks_wanting=sum(1 for r in rows if r.want_prefill),
-        ranks_blocking_all=sum(1 for r in rows if r.blocks_all),
-    )
-
+from tests.console_pilot import Clock, record, row
 
 ROWS = [
     row(0, want_prefill=True, has_decode_work=True, batch_size=12, num_tokens=2060, num_extends=1,
@@ -52,16 +32,6 @@ ROWS = [
     row(2, want_prefill=False, has_decode_work=False, occupancy=0.0),
     row(3, want_prefill=True, has_decode_work=True, batch_size=7, num_tokens=7, occupancy=0.88, storage_reads=2),
 ]
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the store -------------------------------------------------------------------------------------
@@ -209,7 +179,9 @@ async def test_rank_grid_text_and_highlights(width: int) -> None:
         grid = app.query_one(RankGrid)
         lines = grid_lines(grid)
         columns = Columns.fit(grid.scrollable_content_region.width)
-        assert lines[0].split()[:5] == ["rank", "want", "dec", "pre", "batch"]
+        titles = ["rank", "w", "d", "p", "batch"] if columns.layout == "compact" else ["rank", "want", "dec", "pre",
+                                                                                       "batch"]
+        assert lines[0].split()[:5] == titles
         assert lines[1].split()[:6] == ["0", "●", "●", "▶", "12", "2060"] if not columns.wide else \
             lines[1].split()[:7] == ["0", "●", "●", "▶", "12", "0", "2060"]
         blocks = "blocks ALL" if columns.wide else "⊘ALL"
@@ -257,7 +229,8 @@ async def test_header_timeline_and_panel_text() -> None:
         await pilot.pause()
         header = app.query_one(StatusHeader).compose_text(app.state).plain.splitlines()
         assert header[0].startswith("▶ replay │ round 25 │ 100 rounds/s │ 4 ranks │ run run-a │ fixed.pgrec")
-        assert header[1] == "gate ON · ALL A=4 · ANY K=12 · epoch 2 │ dropped 5 │ following the newest"
+        # the replay stopped after its last record (limit): it says so, and that this console lost 5 records
+        assert header[1] == "gate ON · ALL A=4 · ANY K=12 · epoch 2 │ ⚠ 1 alert (a) │ dropped 5 │ ⏸ not playing"
 
         timeline = app.query_one(Timeline)
         text = ["".join(seg.text for seg in timeline.render_line(y)) for y in range(4)]
@@ -268,9 +241,9 @@ async def test_header_timeline_and_panel_text() -> None:
 
         await pilot.press("left")
         header = app.query_one(StatusHeader).compose_text(app.state).plain.splitlines()
-        assert "⏸ PAUSED at round 19 (1 behind)" in header[1]
+        assert header[1].endswith("⏸ PAUSED at round 19")  # a replay plays on from here: nothing is behind
 
-        side = app.query_one("#side", ThroughputPanel)
+        side = app.query_one("#side-figures", ThroughputPanel)
         rendered = str(side.render())
         assert "request figures need a live server" in rendered
         assert "ALL opened / shut      1 / 4" in rendered
@@ -313,6 +286,173 @@ def test_every_field_the_console_shows_is_emitted_by_the_control_plane() -> None
         assert (len(value) if name == "ranks" else message.HasField(name) if name == "config" else value), name
 
     summary, _ = run_sim(sample_args(2), sample_workload(2), rounds=400)
-    stats = run_stats(summary, 0)
+    stats = run_stats(summary, 3, 2)  # records the engine's hand-off dropped, spans the exporter dropped
     for name in STATS_FIELDS_READ:
         assert getattr(stats, name), f"RunStats.{name} is zero after a busy run"
+
+
+# -- digests, summary, selection, alerts (pure) -----------------------------------------------------
+
+
+def test_blocks_all_is_decided_from_the_round_not_from_the_flag() -> None:
+    """rule P4/P5/R8: decode work, no wish for prefill, not extending, and the gate on."""
+    from console.digest import Summary, digest
+
+    rows = [
+        row(0, want_prefill=False, has_decode_work=True, num_extends=1),  # took its prompt this round
+        row(1, want_prefill=False, has_decode_work=True),  # blocks
+        row(2, want_prefill=False, has_decode_work=False),  # nothing to protect (P5)
+        row(3, want_prefill=True, has_decode_work=True, occupancy=0.95),
+    ]
+    entry = digest(record(5, rows))
+    assert entry.blocks == 0b0010 and entry.want == 0b1000 and entry.extend == 0b0001 and entry.above == 0b1000
+    assert Summary.of(entry).line() == "ranks 4 · want 1/4 · blocks ALL 1 · >0.9 1 · extending 1"
+    off = record(6, rows)
+    off.config.CopyFrom(pb.GateConfig(epoch=3, enabled=False))
+    assert digest(off).blocks == 0
+    assert Summary.of(None).line() == "ranks 0 · want 0/0 · blocks ALL 0 · >0.9 0 · extending 0"
+
+
+def test_rounds_since_each_rank_extended() -> None:
+    store = Store("t", live=False, clock=Clock())
+    for i in range(12):
+        store.record(record(i, [row(0, num_extends=int(i % 5 == 0)), row(1), row(2, num_extends=int(i == 9))]))
+    assert [view.since for view in store.view().views] == [1, None, 2]  # 0 at round 10, 2 at 9, 1 never
+    store.step(-2)  # paused at round 9
+    assert [view.since for view in store.view().views] == [4, None, 0]
+
+
+def test_filter_words_and_refusals() -> None:
+    from console.selection import FilterError, RankView, parse_filter, sort_views
+
+    def view(rank: int, **fields: object) -> RankView:
+        blocks = bool(fields.pop("blocks", False))
+        since = fields.pop("since", None)
+        return RankView(row(rank, **fields), rank, blocks, blocks, since, bool(fields.get("retracted")))  # type: ignore[arg-type]
+
+    views = [view(0, want_prefill=True, occupancy=0.2, waiting_prompts=5), view(1, blocks=True, occupancy=0.95),
+             view(2, num_extends=1, occupancy=0.5, since=0), view(3, retracted=2, since=40)]
+
+    def ranks(text: str) -> list[int]:
+        rank_filter = parse_filter(text)
+        return [v.row.rank for v in views if rank_filter(v)]
+
+    assert ranks("") == [0, 1, 2, 3]
+    assert ranks("blocks") == [1] and ranks("!blocks") == [0, 2, 3]
+    assert ranks(">0.9") == [1] and ranks("occ>0.4") == [1, 2] and ranks("occ<50%") == [0, 3]
+    assert ranks("wait>=5") == [0] and ranks("want") == [0] and ranks("ext") == [2] and ranks("alert") == [3]
+    assert ranks("since>10") == [0, 1, 3]  # never extended within the rounds held counts as longest
+    assert ranks("1-2") == [1, 2] and ranks("3") == [3] and ranks("1-3 !blocks") == [2, 3]
+    for bad, message in (("frob", "not a filter word"), ("5-2", "low-high"), ("occ>7", "occupancy is 0..1")):
+        with pytest.raises(FilterError, match=message):
+            parse_filter(bad)
+    assert [v.row.rank for v in sort_views(views, "since")] == [0, 1, 3, 2]
+    assert [v.row.rank for v in sort_views(views, "blocking")] == [1, 0, 2, 3]
+    with pytest.raises(ValueError, match="unknown sort key"):
+        sort_views(views, "colour")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_any_filter_text_is_read_or_refused_with_a_message(text: str) -> None:
+    """Users type anything after `/`: it is a filter, or a FilterError that names the word; nothing else."""
+    from console.selection import FilterError, RankView, parse_filter
+
+    try:
+        rank_filter = parse_filter(text)
+    except FilterError as error:
+        assert str(error)
+        return
+    rank_filter(RankView(row(0, occupancy=0.5), 0, False, False, None, False))
+
+
+def test_alerts_from_the_rounds_held_and_the_run() -> None:
+    from console.alerts import Bounds, rank_alerts, run_alerts
+    from console.digest import digest
+
+    bounds = Bounds(above_rounds=5, growing_rounds=4, gate_wait_p99_s=1.0)
+    history = [digest(record(i, [row(0, occupancy=0.95), row(1, occupancy=0.95 if i > 6 else 0.5,
+                                                                waiting_prompts=i), row(2, waiting_prompts=3)]))
+               for i in range(10)]
+    alerts = rank_alerts(history[::-1], bounds)
+    assert {(a.kind, a.rank) for a in alerts} == {("watermark", 0), ("waiting", 1)}  # rank 1: 3 rounds above
+    assert rank_alerts(history[::-1][:3], bounds) == []  # too few rounds held to say
+    stats = pb.RunStats(gate_wait_p99_seconds=1.7, gate_wait_p99_rounds=40, records_dropped=3, trace_spans_dropped=9)
+    tuned = pb.GateConfig(epoch=4, changed_by="tuner", reason="TTFT p99 1.8 s > 1.5 s -> K 32->24")
+    run = run_alerts(stats, 2, tuned, bounds)
+    texts = [a.text for a in run]
+    assert any("gate wait p99 1.70 s over the 1 s bound" in t for t in texts)
+    assert any("dropped 3 round records" in t for t in texts) and any("9 spans" in t for t in texts)
+    assert any("this console lost 2" in t for t in texts)
+    assert [a.text for a in run if not a.counts] == ["tuner at epoch 4: TTFT p99 1.8 s > 1.5 s -> K 32->24"]
+    assert run_alerts(None, 0, pb.GateConfig(epoch=0, changed_by="launch"), bounds) == []
+
+
+def test_parts_are_dropped_whole_lowest_first() -> None:
+    from console.textfit import Part, fit_parts
+
+    parts = [Part("alpha", keep=9), Part("beta", keep=1), Part("gamma", keep=5), Part("delta", keep=1)]
+    assert fit_parts(parts, 100).plain == "alpha │ beta │ gamma │ delta"
+    assert fit_parts(parts, 22).plain == "alpha │ beta │ gamma"  # the rightmost of the least kept goes first
+    assert fit_parts(parts, 15).plain == "alpha │ gamma"
+    assert fit_parts(parts, 4).plain == "alp…"  # only what must stay is ever cut
+
+
+# -- the recording index (replay's seeking) ----------------------------------------------------------
+
+
+def write(path, records: list[pb.RoundRecord]) -> None:
+    from control.plane.recording import RecordingWriter
+
+    writer = RecordingWriter(path, pb.RecordingHeader(run_id="r", dp_size=2))
+    for message in records:
+        writer.write(message)
+    writer.close()
+
+
+def test_recording_index_reads_any_record_without_holding_them(tmp_path) -> None:
+    from array import array
+
+    from control.plane.recording import RecordingIndex
+
+    records = [record(i, ROWS[:2]) for i in range(0, 400)]
+    write(tmp_path / "r.pgrec", records)
+    with RecordingIndex(tmp_path / "r.pgrec") as index:
+        assert len(index) == 400 and index.error is None
+        assert isinstance(index.offsets, array) and isinstance(index.rounds, array)
+        assert list(index.rounds) == list(range(400))  # round 0 is not serialized: read by parsing
+        assert index[0] == records[0] and index[399] == records[399] and index[123] == records[123]
+        assert index.index_of(250) == 250 and index.index_of(10_000) == 399
+        with pytest.raises(IndexError):
+            index[400]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0, max_value=2000))
+def test_a_cut_recording_indexes_every_whole_record_before_the_cut(tmp_path, cut: int) -> None:
+    from control.plane.recording import MAGIC, RecordingError, RecordingIndex, frame
+
+    path = tmp_path / f"cut{cut}.pgrec"
+    records = [record(i + 1, ROWS[:2]) for i in range(12)]
+    write(path, records)
+    data = path.read_bytes()
+    sizes = [len(frame(r.SerializeToString())) for r in records]
+    header_end = len(data) - sum(sizes)
+    end = min(header_end + cut, len(data))
+    path.write_bytes(data[:end])
+    with RecordingIndex(path) as index:
+        whole = 0
+        offset = header_end
+        for size in sizes:
+            if offset + size > end:
+                break
+            offset += size
+            whole += 1
+        assert len(index) == whole
+        assert [index[i].round for i in range(len(index))] == [r.round for r in records[:whole]]
+        assert (index.error is None) == (offset == end)
+        if index.error is not None:
+            assert "truncated recording" in str(index.error)
+    path.write_bytes(b"PGATEREX")
+    with pytest.raises(RecordingError, match=f"does not start with {MAGIC!r}"):
+        RecordingIndex(path)

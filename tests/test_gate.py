@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.config import ServerArgs
 from engine.gate import GatePoint, PrefillGate, attempt_point, decide, next_rounds
 from engine.rows import Row
 
@@ -156,3 +157,17 @@ def test_vote_is_a_pure_function_of_its_inputs(rounds, a, k_extra, rows):  # rul
         assert first.open == all(r.want_prefill or not r.has_decode_work for r in rows)
     else:
         assert not first.open
+
+
+@pytest.mark.parametrize(("attempt", "any_"), [(3, None), (None, 3), (0, 0), (-2, 4), (4, 2), (1, 2**32), (True, 2)])
+def test_the_gate_refuses_what_startup_refuses_in_its_words(attempt, any_):  # rule C2
+    with pytest.raises(ValueError) as startup:
+        ServerArgs(executor="sim", prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
+    with pytest.raises(ValueError) as built:
+        PrefillGate(attempt, any_)
+    assert str(built.value) == str(startup.value)
+    gate = PrefillGate(2, 4)
+    gate.rounds = 5
+    with pytest.raises(ValueError):
+        gate.reconfigure(attempt, any_)
+    assert (gate.attempt_interval, gate.any_interval, gate.rounds) == (2, 4, 5)  # nothing changed

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control.host.controller import MAX_INTERVAL
+from engine.config import MAX_INTERVAL
 from engine.scheduler.pool import pages_for
 from prefill_gate.v1 import admin_pb2, requests_pb2, telemetry_pb2
-from tests.grpc_plane import TOKEN, bad_fields, serving
+from tests.grpc_plane import TOKEN, bad_fields, bad_request, serving
 from tests.helpers import sim_args
 
 ARGS = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
@@ -61,15 +61,13 @@ def interval_violations(attempt: int | None, any_: int | None, disable: bool) ->
         return given_fields
     if not given_fields:
         return {"attempt_interval", "any_interval"}
-    out_of_range = {
-        name
-        for name, v in (("attempt_interval", attempt), ("any_interval", any_))
-        if v is not None
-        if not 1 <= v <= MAX_INTERVAL
-    }
-    if out_of_range:
-        return out_of_range
-    if len(given_fields) == 1 or any_ < attempt:
+    # As ServerArgs.prefill_delay reports the first problem: the missing interval, a range, then K < A.
+    if len(given_fields) == 1:
+        return {"attempt_interval", "any_interval"} - given_fields
+    for name, value in (("attempt_interval", attempt), ("any_interval", any_)):
+        if not 1 <= value <= MAX_INTERVAL:
+            return {name}
+    if any_ < attempt:
         return {"attempt_interval", "any_interval"}
     return set()
 
@@ -230,6 +228,27 @@ async def test_accepted_change_and_stale_epoch(served):  # rules G1, C3; optimis
         admin_pb2.UpdateIntervalsRequest(disable=True, expected_epoch=1), metadata=served.auth
     )
     assert (off.config.epoch, off.config.enabled, off.config.attempt_interval) == (2, False, 0)
+    # What is already in force changes nothing: no new epoch, and the answer names the adopting round.
+    again = await admin.UpdateIntervals(admin_pb2.UpdateIntervalsRequest(disable=True), metadata=served.auth)
+    assert (again.config.epoch, again.adopted_round) == (2, off.adopted_round)
+    on = admin_pb2.UpdateIntervalsRequest(attempt_interval=3, any_interval=9)
+    assert (await admin.UpdateIntervals(on, metadata=served.auth)).config.epoch == 3
+    same = await admin.UpdateIntervals(
+        admin_pb2.UpdateIntervalsRequest(attempt_interval=3, any_interval=9, expected_epoch=3), metadata=served.auth
+    )
+    assert same.config.epoch == 3 and (await admin.GetConfig(admin_pb2.GetConfigRequest())).epoch == 3
+
+
+async def test_a_refused_value_comes_back_in_startups_exact_words(served):  # rule C3
+    code, error = await outcome(
+        served.admin.UpdateIntervals(
+            admin_pb2.UpdateIntervalsRequest(attempt_interval=0, any_interval=5), metadata=served.auth
+        )
+    )
+    startup = "--prefill-attempt-interval must be an integer in [1, 4294967295], got 0"
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and error.details() == startup
+    violations = bad_request(error)
+    assert [(v.field, v.description) for v in violations] == [("attempt_interval", startup)]
 
 
 async def test_draining_refuses_changes_and_requests(served):  # UNAVAILABLE while draining

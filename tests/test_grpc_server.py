@@ -20,9 +20,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from control.host.backends import SimBackend
 from control.host.controller import Controller
 from control.plane.auth import DEFAULT_PORT, TOKEN_ENV
+from control.plane.ctl import add_ctl_parser, ctl_main
 from control.plane.grpc_server import SERVICE_NAMES, ControlPlane, PlaneOptions, add_server_args, check_server_args
 from engine.request import RequestSpec
-from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, requests_pb2, telemetry_pb2
+from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, requests_pb2, telemetry_pb2, telemetry_pb2_grpc
 from tests.grpc_plane import TOKEN, serving
 from tests.helpers import sim_args
 
@@ -68,6 +69,14 @@ async def until_health(channel: grpc.aio.Channel, status: int, timeout_s: float 
             await asyncio.sleep(0.02)
 
 
+async def health_and_state(channel: grpc.aio.Channel) -> tuple[int, str]:
+    """Health and GetSnapshot's state, read in one step of the server's loop (no round can come between)."""
+    snapshot = telemetry_pb2_grpc.GateTelemetryStub(channel).GetSnapshot(telemetry_pb2.GetSnapshotRequest())
+    health = health_of(channel)
+    both = await asyncio.gather(health, snapshot)
+    return both[0], both[1].state
+
+
 async def test_health_follows_the_rounds():  # starting, serving, stalled, serving, draining
     feeder = StallingFeeder()
     backend = SimBackend(ARGS, feeder, pace=0.5)
@@ -82,10 +91,18 @@ async def test_health_follows_the_rounds():  # starting, serving, stalled, servi
         run = asyncio.create_task(controller.run())
         await until_health(channel, SERVING)
         assert [await health_of(channel, s) for s in SERVICE_NAMES] == [SERVING] * 3
+        assert await health_and_state(channel) == (SERVING, "serving")
         feeder.hold.set()  # no round for longer than --stall-after
         await until_health(channel, NOT_SERVING)
+        for _ in range(5):  # health and the snapshot agree on the stall (they read one decision)
+            status, state = await health_and_state(channel)
+            assert (status, state) == (NOT_SERVING, "stalled")
+            await asyncio.sleep(0.05)
+        snapshot = await telemetry_pb2_grpc.GateTelemetryStub(channel).GetSnapshot(telemetry_pb2.GetSnapshotRequest())
+        assert snapshot.last_round_age_seconds >= 0.3
         feeder.hold.clear()
         await until_health(channel, SERVING)
+        assert (await health_and_state(channel))[1] == "serving"
         await plane.drain()
         assert await health_of(channel) == NOT_SERVING
         assert controller.stopped.is_set() and run.done()
@@ -170,8 +187,15 @@ async def test_tls(tmp_path: Path):  # --tls-cert/--tls-key
             checked = await admin_pb2_grpc.GateAdminStub(secure).UpdateIntervals(change, metadata=served.auth)
         with pytest.raises(grpc.aio.AioRpcError) as plain:
             await served.admin.GetConfig(admin_pb2.GetConfigRequest(), timeout=2)  # plaintext to a TLS port
+        # `ctl` without --tls-ca says what to try, instead of only asking whether the engine runs.
+        parser = argparse.ArgumentParser(prog="prefill-gate")
+        add_ctl_parser(parser.add_subparsers(dest="command"))
+        ns = parser.parse_args(["ctl", "--target", served.plane.target, "--timeout", "3", "snapshot"])
+        err = io.StringIO()
+        code = await asyncio.to_thread(ctl_main, ns, io.StringIO(), err)
     assert config.attempt_interval == 2 and checked.validated_only
     assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert code == 1 and "error: UNAVAILABLE" in err.getvalue() and "--tls-ca" in err.getvalue(), err.getvalue()
     with pytest.raises(ValueError, match="--tls-cert and --tls-key go together"):
         PlaneOptions(tls_cert=str(cert))
 
@@ -201,16 +225,26 @@ async def test_drain_ends_every_stream_cleanly_and_stops_the_ranks():  # the SIG
         last_round = served.controller.latest.round
         seen = [record.round for record in await read_to_end(lossless)]  # what was queued, then the end
         rest = await read_to_end(latest)
-        events = await read_to_end(submit)
+        events = []
+        with pytest.raises(grpc.aio.AioRpcError) as cut:
+            while (event := await submit.read()) is not grpc.aio.EOF:
+                events.append(event)
         late = [record async for record in served.telemetry.WatchRounds(telemetry_pb2.WatchRoundsRequest())]
-        codes = [await call.code() for call in (lossless, latest, submit)]
+        codes = [await call.code() for call in (lossless, latest)]
+        snapshot = await served.telemetry.GetSnapshot(telemetry_pb2.GetSnapshotRequest())
         assert await health_of(served.channel) == NOT_SERVING
-    assert codes == [grpc.StatusCode.OK] * 3  # not UNAVAILABLE: the client can tell a drain from a crash
+    assert codes == [grpc.StatusCode.OK] * 2  # not UNAVAILABLE: the client can tell a drain from a crash
     assert seen[-1] == last_round and rest[-1].round == last_round and late == []
-    assert events[-1].finished.reason == "abort"
+    # The request the stop cut short says so, with what it generated, and its call is no success.
+    finished = events[-1].finished
+    assert finished.reason == "cut_off" and 0 < finished.output_len < 2000 and "stopped" in finished.detail
+    assert cut.value.code() == grpc.StatusCode.UNAVAILABLE and cut.value.details() == finished.detail
+    stats = snapshot.stats
+    assert (stats.requests_submitted, stats.requests_cut_off, stats.requests_finished) == (1, 1, 0)
+    assert snapshot.state == "stopped" and snapshot.failure == ""
 
 
-def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; the token from the environment
+def test_server_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # loopback; the token from env or a file
     parser = argparse.ArgumentParser()
     add_server_args(parser)
     monkeypatch.setenv(TOKEN_ENV, "from-env")
@@ -224,6 +258,11 @@ def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; 
     assert "from-env" not in parser.format_help()  # the token never shows up as a default
     options = check_server_args(parser.parse_args(["--admin-token", "flag", "--host", "0.0.0.0", "--port", "0"]))
     assert options.token == "flag" and not options.loopback
+    token_file, empty = tmp_path / "token", tmp_path / "empty"
+    token_file.write_text("from-file\n")
+    empty.write_text("\n")
+    assert check_server_args(parser.parse_args(["--admin-token-file", str(token_file)])).token == "from-file"
+    assert "--admin-token-file" in parser.format_help() and "ps" in parser.format_help()
     for argv, message in (
         (["--tls-cert", "cert.pem"], "go together"),
         (["--tls-cert", "missing.pem", "--tls-key", "missing.key"], "--tls-cert missing.pem: no such file"),
@@ -231,6 +270,39 @@ def test_server_flags(monkeypatch: pytest.MonkeyPatch):  # loopback by default; 
         (["--history", "0"], "--history"),
         (["--stall-after", "0"], "--stall-after"),
         (["--record", "/no/such/dir/run.pgrec"], "--record"),
+        (["--admin-token-file", str(tmp_path / "missing")], "--admin-token-file .*missing: cannot read it"),
+        (["--admin-token-file", str(empty)], "the file holds no token"),
+        (["--admin-token", "x", "--admin-token-file", str(token_file)], "exclude each other"),
     ):
         with pytest.raises(ValueError, match=message):
             check_server_args(parser.parse_args(argv))
+
+
+async def test_garbage_protobuf_is_an_invalid_argument_and_changes_nothing():  # every service, by hand-made bytes
+    truncated_varint = b"\x08"  # field 1 (varint) with no value
+    short_bytes = b"\x0a\x05ab"  # field 1 (length 5) with two bytes
+    bad_tag = b"\x00\x01"  # field number 0 is not a field
+    calls = [
+        ("/prefill_gate.v1.GateTelemetry/GetSnapshot", "unary", truncated_varint),
+        ("/prefill_gate.v1.GateTelemetry/GetRounds", "unary", short_bytes),
+        ("/prefill_gate.v1.GateTelemetry/WatchRounds", "stream", bad_tag),
+        ("/prefill_gate.v1.GateAdmin/UpdateIntervals", "unary", truncated_varint),
+        ("/prefill_gate.v1.GateRequests/Submit", "stream", short_bytes),
+        ("/prefill_gate.v1.GateRequests/Abort", "unary", bad_tag),
+    ]
+    async with serving(ARGS) as served:
+        before = served.controller.config
+        for method, kind, body in calls:
+            make = served.channel.unary_unary if kind == "unary" else served.channel.unary_stream
+            call = make(method)(body, metadata=served.auth)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                if kind == "unary":
+                    await call
+                else:
+                    await read_to_end(call)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, refused.value)
+            request_type = f"prefill_gate.v1.{method.rsplit('/', 1)[1]}Request"
+            assert f"the request is not a valid {request_type}" in refused.value.details(), refused.value.details()
+        snapshot = await served.telemetry.GetSnapshot(telemetry_pb2.GetSnapshotRequest())
+        assert served.controller.config == before and snapshot.stats.requests_submitted == 0
+        assert snapshot.state == "serving"  # and the server still serves

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from control.host.backends import SimBackend
-from control.host.controller import MAX_INTERVAL, ConfigRejected, Controller, RequestRejected
+from control.host.controller import ConfigRejected, Controller, RequestRejected
 from control.plane.hub import OutOfHistory, RoundHub
+from engine.config import MAX_INTERVAL, ServerArgs
 from engine.gate import GatePoint
 from engine.record import RoundRecord
 from engine.request import RequestSpec
@@ -74,9 +75,26 @@ def test_interval_checks_name_every_bad_field():  # rules C2, C3
             controller.validate_intervals(*call_args, **kwargs)
         return [name for name, _ in rejected.value.violations]
 
-    assert fields(-1, MAX_INTERVAL + 1) == ["attempt_interval", "any_interval"]
-    assert fields(4, 2) == ["any_interval", "attempt_interval"]  # K < A names both, from ServerArgs' message
-    assert fields(4, None) == ["any_interval", "attempt_interval"]
+    def startup_text(attempt, any_) -> str:
+        with pytest.raises(ValueError) as refused:
+            ServerArgs(executor="sim", prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
+        return str(refused.value)
+
+    # Exactly the property's words (C3), once as the message and as each named field's description;
+    # the field at fault only, as the property names it.
+    for attempt, any_, at_fault in [
+        (0, 5, ["attempt_interval"]),
+        (-1, MAX_INTERVAL + 1, ["attempt_interval"]),  # the first problem, as startup reports it
+        (2, MAX_INTERVAL + 1, ["any_interval"]),
+        (4, 2, ["any_interval", "attempt_interval"]),  # K < A is a problem of both
+        (4, None, ["any_interval"]),  # the missing one
+        (None, 7, ["attempt_interval"]),
+    ]:
+        with pytest.raises(ConfigRejected) as rejected:
+            controller.validate_intervals(attempt, any_)
+        text = startup_text(attempt, any_)
+        assert str(rejected.value) == text
+        assert rejected.value.violations == [(name, text) for name in at_fault]
     assert fields(None, None) == ["attempt_interval", "any_interval"]
     assert fields(None, 3, disable=True) == ["any_interval"]
     assert controller.validate_intervals(MAX_INTERVAL, MAX_INTERVAL).prefill_delay.any_interval == MAX_INTERVAL

@@ -50,6 +50,11 @@ def parse(text: str) -> Samples:
     return samples
 
 
+def scrape(port: int) -> Samples:
+    """One scrape, parsed."""
+    return parse(fetch(port))
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for got, v in samples.get(name, []) if all(got.get(k) == x for k, x in labels.items()))
 

@@ -8,7 +8,8 @@ from engine.config import PrefillDelay
 from engine.drivers.lockstep import LockstepDriver
 from engine.gate import GatePoint
 from engine.group import CollectiveError
-from engine.request import Admitted, Finished
+from engine.request import Admitted, Finished, ProposalRefused
+from engine.scheduler.states import ReqState
 from tests.helpers import req, run_rounds, sim_args
 
 
@@ -57,6 +58,31 @@ def test_a_prompt_is_first_seen_by_the_next_rounds_vote():  # rule R6: one round
     second = driver.step()[0]
     assert second.decision.allow_prefill and second.rows[0].num_extends == 1
     assert any(isinstance(e, Admitted) and e.rid == "late" and e.wait_rounds == 1 for e in second.events)
+
+
+def test_a_resident_chunk_waits_out_closed_rounds_and_the_next_open_round_resumes_it():  # rules R4, S1
+    # Rank 1 decodes, so the counter climbs and most rounds are closed; rank 0's prompt needs ten
+    # chunks of 16 tokens. At the engine level a resident chunk extends only on open rounds, and every
+    # open round while it waits extends it.
+    driver = LockstepDriver(
+        sim_args(dp_size=2, prefill_attempt_interval=3, prefill_any_attempt_interval=6, chunked_prefill_size=16)
+    )
+    driver.submit(1, req("decoder", prompt_len=16, output_len=200))
+    run_rounds(driver, 4)
+    driver.submit(0, req("long", prompt_len=160, output_len=4))
+    scheduler = driver.engines[0].scheduler
+    opened, held = 0, 0
+    waiting = (None, ReqState.NEW, ReqState.PREFILLING)  # None: still in the inbox, taken in at intake
+    while (before := scheduler.state_of("long")) in waiting and opened < 20:
+        outcome = driver.step()[0]
+        chunk = outcome.rows[0].prefill_tokens
+        if outcome.decision.allow_prefill:
+            assert chunk > 0, f"round {outcome.round}: an open round left the prompt waiting"
+            opened += 1
+        else:
+            assert chunk == 0, f"round {outcome.round}: prefill ran on a closed round"
+            held += before is ReqState.PREFILLING
+    assert opened == 10 and held > 0  # 160 tokens in 10 chunks, with closed rounds between them
 
 
 def test_a_prompt_at_an_idle_engine_meets_an_open_all_point():  # rules R3, P5
@@ -135,6 +161,35 @@ def test_config_change_is_adopted_by_every_rank_after_the_same_gather():  # rule
             else (GatePoint.ALL if rec.counter % 3 == 0 else GatePoint.NONE)
         )
         assert rec.point is expected
+
+
+def test_a_proposal_is_checked_where_it_enters_and_a_bad_one_changes_nothing():  # rules C3, G1
+    # Handed to the driver directly, past the controller's checks: rank 0's intake refuses values
+    # startup would refuse and stale epochs, reports them, and later proposals still go through.
+    driver = LockstepDriver(gated())
+    feed(driver, 3, 2, 6)
+    driver.propose(1, PrefillDelay(0, 0))
+    driver.propose(2, PrefillDelay(6, 3))
+    refused = [e for o in run_rounds(driver, 3) for e in o[0].events if isinstance(e, ProposalRefused)]
+    assert [(e.epoch, e.error) for e in refused] == [
+        (1, "--prefill-attempt-interval must be an integer in [1, 4294967295], got 0"),
+        (2, "--prefill-any-attempt-interval (3) must be >= --prefill-attempt-interval (6): otherwise the ALL "
+            "points a burst relies on could never be reached twice in a row"),
+    ]  # fmt: skip
+    assert {engine.epoch for engine in driver.engines} == {0}
+    assert {engine.policy.delay for engine in driver.engines} == {PrefillDelay(2, 6)}
+    driver.propose(1, PrefillDelay(3, 9))  # the next good one is not blocked by the refused ones
+    driver.propose(1, PrefillDelay(4, 8))  # a second epoch 1: stale
+    outcomes = run_rounds(driver, 3)
+    stale = [e for o in outcomes for e in o[0].events if isinstance(e, ProposalRefused)]
+    assert [e.epoch for e in stale] == [1] and "stale" in stale[0].error
+    assert {engine.epoch for engine in driver.engines} == {1}
+    assert {engine.policy.delay for engine in driver.engines} == {PrefillDelay(3, 9)}
+    driver.propose(0, None)  # a zero epoch is stale too, and does not block the queue
+    driver.propose(2, None)
+    run_rounds(driver, 3)
+    assert {engine.epoch for engine in driver.engines} == {2}
+    assert {engine.policy.delay for engine in driver.engines} == {None}
 
 
 def test_disable_at_runtime_turns_the_gate_off():  # rules C3, G1

@@ -82,6 +82,16 @@ def test_p1_wants_prefill():  # rule P1
     assert not rank.s.probe_prefill_gate().wants_prefill  # new work above the watermark: no vote
 
 
+def test_p1_s7_exactly_at_the_watermark_is_under_it():  # rules P1, S7: occupancy <= 0.9
+    rank = Rank()
+    rank.decode_until_occupancy("big", prompt_len=72, output_len=3)  # 18 of 20 pages: exactly 0.9
+    assert rank.s.pool.occupancy == 0.9
+    rank.s.submit(req("late", prompt_len=4, output_len=1))
+    assert rank.s.probe_prefill_gate().wants_prefill  # at the watermark a new prompt still votes
+    plan = rank.plan(OPEN)  # and is admitted (its one page takes the pool above the watermark after)
+    assert [row.rid for row in plan.extend_rows] == ["late"] and plan.build is PlanBuild.OK
+
+
 def test_p1_resident_chunk_wants_regardless_of_pressure():  # rule P1
     rank = Rank(kv_pages=40, chunked_prefill_size=8)
     rank.decode_until_occupancy("big", prompt_len=136, output_len=20)  # 34 of 40 pages
@@ -118,6 +128,27 @@ def test_p2_has_decode_work():  # rule P2
     one_token.s.submit(req("one", prompt_len=8, output_len=1))
     one_token.plan()
     assert not one_token.s.probe_prefill_gate().has_decode_work  # nothing left to decode
+
+
+def test_p2_a_request_being_restored_to_decoding_is_decode_work():  # rule P2 (the "P6")
+    # "b" is retracted while "a" decodes; when "a" finishes, "b" is restored and is the only request
+    # left: nothing decodes this round, but "b" decodes in the next one, so the rank has decode work.
+    rank = Rank(kv_pages=24)
+    rank.s.submit(req("a", prompt_len=40, output_len=30))
+    rank.s.submit(req("b", prompt_len=40, output_len=50))
+    while rank.s.counts().waiting_prompts or rank.s.counts().resident_chunks:
+        rank.step(OPEN)
+    while rank.s.state_of("b") is not ReqState.RESTORING:
+        assert rank.round < 100
+        plan = rank.plan(CLOSED)
+        if rank.s.state_of("b") is not ReqState.RESTORING:
+            rank.commit(plan)
+    assert rank.s.state_of("a") is None and plan.num_decodes == 0  # nothing else runs on the rank
+    assert [op.kind for op in plan.cache_ops] == [CacheOpKind.RESTORE]
+    assert rank.s.probe_prefill_gate().has_decode_work
+    rank.commit(plan)
+    assert rank.s.state_of("b") is ReqState.RESTORING and rank.s.probe_prefill_gate().has_decode_work
+    assert rank.plan(CLOSED).num_decodes == 1  # it decodes in the next round, as the probe said
 
 
 def test_p3_probe_reads_the_state_after_the_plan():  # rule P3
@@ -214,16 +245,21 @@ def test_s2_closed_round_still_restores_decodes_aborts_and_ticks():  # rule S2
     assert finished == {"doomed": "abort", "a": "length", "b": "length"}
 
 
-def test_s3_mixed_mode_reserve_follows_the_permission():  # rule S3
-    rank = Rank(enable_mixed_prefill_decode=True, chunked_prefill_size=24, kv_pages=40)
-    rank.decode_until_occupancy("d", prompt_len=8, output_len=30)
+def test_s3_a_full_decode_batch_leaves_the_pending_chunk_its_reserve():  # rule S3
+    # The smallest budget startup accepts in mixed mode: the per-rank batch (8) plus one page (4).
+    rank = Rank(enable_mixed_prefill_decode=True, chunked_prefill_size=12, max_num_seqs=8, kv_pages=200)
+    for i in range(7):
+        rank.s.submit(req(f"d{i}", prompt_len=4, output_len=60))
+    while rank.s.counts().waiting_prompts:
+        rank.step(OPEN)
     rank.s.submit(req("p", prompt_len=40))
+    rank.step(OPEN)  # its first chunk: the batch is now full, 7 decoding and 1 resident chunk
+    assert rank.s.running == 8 and rank.s.state_of("p") is ReqState.PREFILLING
     closed = rank.step(CLOSED)
-    assert closed.pending_prefill_reserve == 0 and closed.num_decodes == 1 and closed.num_extends == 0
+    assert closed.num_decodes == 7 and closed.prefill_tokens == 0  # not allowed: no reserve, decodes run
     opened = rank.step(OPEN)
-    assert opened.pending_prefill_reserve == 4  # one page of the pending prompt
-    assert opened.kind is BatchKind.MIXED and opened.num_decodes == 1
-    assert opened.prefill_tokens == 24 - 1 >= opened.pending_prefill_reserve  # decode rows share the budget
+    assert opened.kind is BatchKind.MIXED and opened.num_decodes == 7
+    assert opened.prefill_tokens == 12 - 7 >= 4  # decode rows share the budget and leave at least one page
 
 
 def test_s4_ineligible_prefill_neither_triggers_retraction_nor_gets_a_grant():  # rule S4

@@ -36,7 +36,7 @@ def test_mooncake_window_shows_prefix_hits_in_the_summary():  # the issue's must
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "(mooncake-jsonl): 12,031 requests" in out and "router prefix-affinity" in out
-    finished = re.search(r"requests finished (\d+)/(\d+) \(aborted 0, refused (\d+)\)", out)
+    finished = re.search(r"requests finished (\d+)/(\d+) \(aborted 0, refused (\d+), cut off 0\)", out)
     hits = re.search(r"prefix hits (\d+)/(\d+) requests  ([\d,]+) of ([\d,]+) prompt tokens \(([\d.]+)%\)", out)
     assert finished and hits, out
     assert int(finished[1]) + int(finished[3]) == int(finished[2]) == int(hits[2]) > 20  # the whole window

@@ -146,7 +146,7 @@ class Workload:
         if len(current) != self.dp_size:
             raise ValueError(f"loads has {len(current)} entries for {self.dp_size} ranks")
         caches = self.prefix_caches
-        while self.next_arrival <= now:
+        while self.next_arrival <= now and self.next_arrival != math.inf:  # due(math.inf): every arrival, then stop
             arrival = self._arrivals.pop()
             blocks = arrival.blocks if caches is not None else None
             view = caches.view(blocks) if caches is not None and blocks else None

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
+from console.alerts import last_change
 from console.state import Connection, ConsoleState, Link
-from console.textfit import fit_lines
+from console.textfit import Part, fit_parts
 
 _LINK_STYLE = {
     Link.CONNECTING: ("◌ connecting", "warn"),
     Link.LIVE: ("● live", "good"),
     Link.STALE: ("◌ stale", "warn"),
     Link.RECONNECTING: ("↻ reconnecting", "bad"),
+    Link.STOPPED: ("■ engine stopped", "bad"),
     Link.FAILED: ("✖ failed", "bad"),
     Link.REPLAY: ("▶ replay", "accent"),
     Link.ENDED: ("■ replay ended", "accent"),
@@ -42,7 +46,7 @@ def config_label(state: ConsoleState) -> str:
 
 
 class StatusHeader(Widget):
-    """Three lines: run and progress; config, drops and view position; link detail or the latest notice."""
+    """Three lines: run and progress; config, alerts, drops and view position; link detail or the latest notice."""
 
     COMPONENT_CLASSES = {
         "status-header--good",
@@ -84,37 +88,74 @@ class StatusHeader(Widget):
         return self._text
 
     def compose_text(self, state: ConsoleState) -> Text:
-        """The header's text for `state`."""
+        """The header's text for `state`, every line fitted to the width (parts dropped, not cut)."""
 
         def style(name: str) -> Style:
             return self.get_component_rich_style(f"status-header--{name}", partial=True)
 
-        text = Text()
+        width = self.content_region.width if self.is_mounted else 10_000
+        lines = [fit_parts(line, width) for line in self.parts(state, style)]
+        return Text("\n").join(lines)
+
+    @staticmethod
+    def parts(state: ConsoleState, style: Callable[[str], Style]) -> list[list[Part]]:
+        """The three lines as parts with priorities (what stays when the terminal is narrow)."""
         record = state.record
-        text.append(link_label(state.connection), style=style(_LINK_STYLE[state.connection.link][1]))
-        if state.server_state and state.server_state != "serving":
-            text.append(f" [{state.server_state}]", style=style("warn"))
-        text.append(" │ ")
-        text.append(f"round {record.round:,}" if record is not None else "no rounds yet", style="bold")
-        rate = f"{state.rounds_per_s:,.0f} rounds/s" if state.rounds_per_s is not None else "- rounds/s"
-        text.append(f" │ {rate} │ {state.dp_size or '-'} ranks │ run {state.run_id or '-'} │ ")
-        text.append(state.source, style=style("dim"))
-        text.append("\n")
-        text.append(config_label(state))
-        text.append(" │ ")
-        text.append(f"dropped {state.dropped:,}", style=style("bad") if state.dropped else "")
-        text.append(" │ ")
-        if state.paused and record is not None:
-            where = f"⏸ PAUSED at round {record.round:,}"
-            if state.behind:
-                where += f" ({state.behind:,} behind)"
-            text.append(where, style=style("warn"))
-        else:
-            text.append("following the newest", style=style("dim"))
-        text.append("\n")
+        link = state.connection.link
+        first = [Part(link_label(state.connection), style(_LINK_STYLE[link][1]), 9)]
+        if state.server_state and state.server_state != "serving" and link is not Link.STOPPED:
+            first.append(Part(state.server_state, style("warn"), 7))
+        first.append(Part(f"round {record.round:,}" if record is not None else "no rounds yet", "bold", 9))
+        if link in (Link.LIVE, Link.REPLAY, Link.ENDED) or record is None:
+            rate = f"{state.rounds_per_s:,.0f} rounds/s" if state.rounds_per_s is not None else "- rounds/s"
+            first.append(Part(rate, "", 5))
+        elif state.age_s is not None:
+            first.append(Part(f"last round received {_age(state.age_s)} ago", style("bad"), 8))
+        first.append(Part(f"{state.dp_size or '-'} ranks", "", 4))
+        first.append(Part(f"run {state.run_id or '-'}", "", 2))
+        first.append(Part(state.source, style("dim"), 3))
+
+        second = [Part(config_label(state), "", 9)]
+        if state.alert_count:
+            count = state.alert_count
+            second.append(Part(f"⚠ {count} alert{'s' if count != 1 else ''} (a)", style("bad"), 7))
+        change = last_change(state.config)
+        if change:
+            second.append(Part(f"changed by {change}", style("accent"), 1))
+        second.append(Part(f"dropped {state.dropped:,}", style("bad") if state.dropped else "", 6))
+        second.append(where_part(state, style))
+
+        third = []
         if state.notice:
-            text.append(state.notice, style=style("warn"))
+            third.append(Part(state.notice, style("warn"), 9))
         elif state.connection.detail:
-            bad = state.connection.link in (Link.RECONNECTING, Link.FAILED, Link.STALE)
-            text.append(state.connection.detail, style=style("bad") if bad else style("dim"))
-        return fit_lines(text, self.content_region.width if self.is_mounted else 10_000)
+            bad = link in (Link.RECONNECTING, Link.FAILED, Link.STALE, Link.STOPPED)
+            third.append(Part(state.connection.detail, style("bad") if bad else style("dim"), 9))
+        return [first, second, third]
+
+
+def where_part(state: ConsoleState, style: Callable[[str], Style]) -> Part:
+    """Which round the view shows and whether it moves: the part an operator must never misread."""
+    record = state.record
+    if state.paused and record is not None:
+        where = f"⏸ PAUSED at round {record.round:,}"
+        if state.behind:
+            where += f" ({state.behind:,} behind)"
+        return Part(where, style("warn"), 8)
+    link = state.connection.link
+    if link is Link.ENDED:
+        return Part("■ end of the recording", style("accent"), 8)
+    if link is Link.REPLAY:
+        playing = state.position is None or state.position.playing
+        return Part("▶ playing" if playing else "⏸ not playing", style("accent"), 8)
+    if record is not None and link is not Link.LIVE:
+        return Part("frozen on the last round received", style("bad"), 8)
+    return Part("following the newest", style("dim"), 7)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from console.state import ConsoleState
-from console.textfit import fit_lines
+from console.textfit import fit_lines, keep_fitting
 from prefill_gate.v1 import types_pb2 as pb
 
 _WIDE = 60  # below this width the panel is a side column: one figure per line
@@ -36,7 +36,9 @@ def figure(value: float | None, fmt: str = "{:.1f}") -> str:
 class ThroughputPanel(Widget):
     """Output tokens/s, TTFT, gate wait, extend share and ranks per window."""
 
-    COMPONENT_CLASSES = {"throughput--title", "throughput--label", "throughput--value", "throughput--note"}
+    COMPONENT_CLASSES = {
+        "throughput--title", "throughput--label", "throughput--value", "throughput--note", "throughput--stale",
+    }
 
     DEFAULT_CSS = """
     ThroughputPanel {
@@ -49,6 +51,7 @@ class ThroughputPanel(Widget):
     ThroughputPanel > .throughput--label { color: $text-muted; }
     ThroughputPanel > .throughput--value { color: $text; text-style: bold; }
     ThroughputPanel > .throughput--note { color: $text-disabled; text-style: italic; }
+    ThroughputPanel > .throughput--stale { color: $warning; text-style: bold; }
     """
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
@@ -59,7 +62,8 @@ class ThroughputPanel(Widget):
     def show(self, state: ConsoleState) -> None:
         """Redraw when a figure shown changed."""
         stats = state.stats
-        key = (stats.SerializeToString() if stats is not None else b"", state.figures, state.live)
+        key = (stats.SerializeToString() if stats is not None else b"", state.figures, state.live, state.freshness(),
+               state.record is not None and state.record.round)
         if key != self._key:
             self._key = key
             self._state = state
@@ -107,14 +111,19 @@ class ThroughputPanel(Widget):
     def _column(self, pairs: list[tuple[str, str]], window: list[tuple[str, str]], state: ConsoleState) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         label_width = max(len(label) for label, _ in pairs + window)
-        text.append("throughput and latency (run)\n", style=self._style("title"))
+        text.append("throughput and latency (run)", style=self._style("title"))
+        frozen = state.freshness()
+        if frozen and state.live:
+            text.append(f" · {frozen}", style=self._style("stale"))
+        text.append("\n")
         if pairs:
             for label, value in pairs:
                 text.append(f"{label:<{label_width}} ", style=self._style("label"))
                 text.append(f"{value}\n", style=self._style("value"))
         else:
             text.append(self._missing(state, "\n") + "\n", style=self._style("note"))
-        text.append(f"\nlast {state.figures.rounds} rounds (stream)\n", style=self._style("title"))
+        upto = f" to round {state.record.round:,}" if state.record is not None else ""
+        text.append(f"\nlast {state.figures.rounds} rounds{upto}\n", style=self._style("title"))
         for label, value in window:
             text.append(f"{label:<{label_width}} ", style=self._style("label"))
             text.append(f"{value}\n", style=self._style("value"))
@@ -122,32 +131,38 @@ class ThroughputPanel(Widget):
         return text
 
     def _inline(self, state: ConsoleState) -> Text:
-        """Three dense lines for a panel as wide as the screen (narrow terminals)."""
+        """Three dense lines for a panel as wide as the screen (narrow terminals): the items that do not fit
+        are left out whole, least important first, never cut."""
         stats = state.stats
         f = state.figures
-        rows: list[tuple[str, list[tuple[str, str]] | None]] = [("run", None), ("", [])]
+        width = self.content_region.width - 9  # after the row titles
+        # (label, value, keep): a higher keep stays longer on a narrow terminal
+        rows: list[tuple[str, list[tuple[str, str, int]] | None]] = [("run", None), ("", [])]
         if stats is not None:
-            wait = f"{ms(stats.gate_wait_p99_seconds)} / {stats.gate_wait_p99_rounds:.0f} rounds"
             rows = [
                 ("run", [
-                    ("out", f"{stats.output_tokens_per_second:,.0f} tok/s"),
-                    ("TTFT p50", latency(stats.ttft_p50_seconds)),
-                    ("p99", latency(stats.ttft_p99_seconds)),
-                    ("gate wait p99", wait),
+                    ("out", f"{stats.output_tokens_per_second:,.0f} tok/s", 6),
+                    ("TTFT p50/p99", f"{latency(stats.ttft_p50_seconds)} / {latency(stats.ttft_p99_seconds)}", 5),
                 ]),
                 ("", [
-                    ("extend path", share(stats.extend_round_share)),
-                    ("ranks/window", f"{stats.ranks_extending_per_window:.2f}"),
-                    ("done", f"{stats.requests_finished:,}/{stats.requests_submitted:,}"),
+                    ("gate wait p99", f"{ms(stats.gate_wait_p99_seconds)} / {stats.gate_wait_p99_rounds:.0f} rounds",
+                     7),
+                    ("extend path", share(stats.extend_round_share), 4),
+                    ("ranks/window", f"{stats.ranks_extending_per_window:.2f}", 3),
+                    ("done", f"{stats.requests_finished:,}/{stats.requests_submitted:,}", 2),
                 ]),
             ]
         rows.append((f"last {f.rounds}", [
-            ("extend path", share(f.extend_share)),
-            ("ranks/window", figure(f.ranks_per_window, "{:.2f}")),
-            ("ANY", f"▲{f.any_open} △{f.any_shut}"),
-            ("ALL", f"■{f.all_open} □{f.all_shut}"),
+            ("extend path", share(f.extend_share), 5),
+            ("ranks/window", figure(f.ranks_per_window, "{:.2f}"), 4),
+            ("ANY", f"▲{f.any_open} △{f.any_shut}", 3),
+            ("ALL", f"■{f.all_open} □{f.all_shut}", 3),
         ]))
         text = Text()
+        frozen = state.freshness()
+        if frozen and state.live and stats is not None:
+            first = rows[0][1] or []
+            rows[0] = (rows[0][0], [("", frozen, 9), *first])
         for number, (title, items) in enumerate(rows):
             if number:
                 text.append("\n")
@@ -155,9 +170,14 @@ class ThroughputPanel(Widget):
             if items is None:
                 text.append(self._missing(state), style=self._style("note"))
                 continue
-            for index, (label, value) in enumerate(items):
+            lengths = [(keep, len(label) + 1 + len(value) if label else len(value)) for label, value, keep in items]
+            for index, position in enumerate(keep_fitting(lengths, width, 3)):
+                label, value, _ = items[position]
                 if index:
                     text.append(" · ")
+                if not label:  # the not-live word leads the run's figures
+                    text.append(value, style=self._style("stale"))
+                    continue
                 text.append(f"{label} ", style=self._style("label"))
                 text.append(value, style=self._style("value"))
         return text

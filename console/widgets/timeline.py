@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from rich.segment import Segment
 from rich.style import Style
+from textual import events
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -40,7 +42,14 @@ def level(value: float, top: float) -> str:
 
 
 class Timeline(Widget):
-    """ANY/ALL points, ranks extending and the counter over the last rounds."""
+    """ANY/ALL points, ranks extending and the counter over the last rounds; a click on a round shows it."""
+
+    class RoundClicked(Message):
+        """The user clicked a round's column."""
+
+        def __init__(self, round_: int) -> None:
+            super().__init__()
+            self.round = round_
 
     COMPONENT_CLASSES = {
         "timeline--title",
@@ -51,6 +60,7 @@ class Timeline(Widget):
         "timeline--extend",
         "timeline--counter",
         "timeline--gap",
+        "timeline--frozen",
     }
 
     DEFAULT_CSS = """
@@ -59,6 +69,7 @@ class Timeline(Widget):
         background: $surface;
     }
     Timeline > .timeline--title { color: $text-muted; background: $panel; }
+    Timeline > .timeline--frozen { color: $text; background: $warning 45%; text-style: bold; }
     Timeline > .timeline--label { color: $text-muted; }
     Timeline > .timeline--open { color: $success; text-style: bold; }
     Timeline > .timeline--shut { color: $warning; }
@@ -80,7 +91,7 @@ class Timeline(Widget):
         marks = state.marks
         last = marks[-1] if marks else None
         config = state.config
-        key = (len(marks), last, config.any_interval if config else 0, state.dp_size)
+        key = (len(marks), last, config.any_interval if config else 0, state.dp_size, state.freshness())
         if key != self._key:
             self._key = key
             self._state = state
@@ -89,6 +100,17 @@ class Timeline(Widget):
 
     def on_resize(self) -> None:
         self._strips = []
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a round's column asks the app to show that round."""
+        state = self._state
+        columns = max(self.size.width - _LABEL - 1, 0)
+        if state is None or not columns or event.x < _LABEL + 1:
+            return
+        marks = state.marks[-columns:]
+        index = event.x - (_LABEL + 1) - (columns - len(marks))
+        if 0 <= index < len(marks):
+            self.post_message(self.RoundClicked(marks[index].round))
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -120,7 +142,14 @@ class Timeline(Widget):
             title = f" window timeline · rounds {marks[0].round:,}-{marks[-1].round:,} · {LEGEND}"
         else:
             title = " window timeline · no rounds yet"
-        strips = [Strip([Segment(title[:width].ljust(width), self._style("title"))], width)]
+        frozen = state.freshness() if state is not None else ""
+        if frozen:
+            badge = f" {frozen} "
+            title = title[: max(width - len(badge), 0)].ljust(max(width - len(badge), 0))
+            strips = [Strip([Segment(title, self._style("title")), Segment(badge[:width], self._style("frozen"))],
+                            width)]
+        else:
+            strips = [Strip([Segment(title[:width].ljust(width), self._style("title"))], width)]
         dp_size = state.dp_size if state is not None else 0
         any_interval = state.config.any_interval if state is not None and state.config is not None else 0
         counter_top = max([mark.counter for mark in marks] + [any_interval])

@@ -114,6 +114,7 @@ class SimBackend:
         observer: str | None = None,
         observer_kwargs: dict[str, Any] | None = None,
         record_queue_size: int = 8192,
+        sink: Callable[[Polled], None] | None = None,
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
@@ -127,6 +128,7 @@ class SimBackend:
         self.max_rounds = max_rounds
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._out: queue.SimpleQueue[Polled] = queue.SimpleQueue()
+        self._put = sink or self._out.put  # each round's output: to `poll`, or to the sink (sim_child.py)
         self._thread = threading.Thread(target=self._loop, name="prefill-gate-sim", daemon=True)
         self._stop_now = threading.Event()
         self._error: BaseException | None = None
@@ -139,6 +141,10 @@ class SimBackend:
 
     def start(self) -> None:
         self._thread.start()
+
+    def run(self) -> None:
+        """Step the simulator in the calling thread until it stops (what `start` runs in a thread)."""
+        self._loop()
 
     def submit(self, rank: int, spec: RequestSpec) -> None:
         self._commands.put(lambda: self.driver.submit(rank, spec))
@@ -202,17 +208,17 @@ class SimBackend:
                 polled.stopped = outcomes[0].stop or (self.max_rounds is not None and rounds >= self.max_rounds)
                 if polled.stopped:
                     polled.observer_dropped = self._observers_final()
-                self._out.put(polled)
+                self._put(polled)
                 if polled.stopped:
                     return
                 if self.driver.idle(outcomes):
                     self._idle(started)
                 elif self.pace:
                     self._keep_pace(started)
-            self._out.put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
+            self._put(Polled(stopped=True))  # closed from outside: whoever polls learns it stopped
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
-            self._out.put(Polled(stopped=True))
+            self._put(Polled(stopped=True))
 
     def _observers_final(self) -> dict[int, int] | None:
         """After the last round, as a rank process does: drain the rank observers' exports (bounded), then
@@ -280,11 +286,12 @@ class ProcessBackend:
         vote_log_dir: str | None = None,
         observer: str | None = None,
         observer_kwargs: dict[str, Any] | None = None,
+        driver: Any = None,  # a driver with ProcessDriver's interface (ranks on several nodes); default: one
     ) -> None:
         self.args = args
         self.dp_size = args.dp_size
         self.feeder = feeder
-        self.driver = ProcessDriver(
+        self.driver = driver or ProcessDriver(
             args,
             max_rounds=max_rounds,
             vote_log_dir=vote_log_dir,
@@ -293,14 +300,18 @@ class ProcessBackend:
         )
         self._latest: RoundRecord | None = None
         self._exited: set[int] = set()
+        self._pending = Polled()
         # Each exited rank's final count of what its round observer dropped (its last row precedes its flush).
         self.observer_dropped: dict[int, int] = {}
         self.origin = 0.0
 
     def start(self) -> None:
-        self.driver.start()
+        self.driver.start(go=False)
         # The run (its workload, its --duration) starts when the ranks can serve, not when their spawn began.
         self.origin = self.now()
+        # What is due at the start reaches round 0 on every rank (a run's start is then deterministic).
+        self._feed(self._pending)
+        self.driver.go()
 
     def now(self) -> float:
         if self.args.executor == "sim":
@@ -330,7 +341,7 @@ class ProcessBackend:
         return int(self.driver.records_dropped.value)
 
     def poll(self) -> Polled:
-        polled = Polled()
+        polled, self._pending = self._pending, Polled()
         polled.records = self.driver.poll_records()
         if polled.records:
             self._latest = polled.records[-1]
@@ -344,23 +355,28 @@ class ProcessBackend:
                 self._exited.add(message.rank)
                 self.observer_dropped[message.rank] = message.observer_dropped
         self.driver.raise_if_failed()
-        if self.feeder is not None:
-            origin = self.origin
-            now = self.now() - origin
-            for event in polled.events:
-                if isinstance(event, Finished | Refused):
-                    self.feeder.on_finished(event.rid, now)
-            for rank, spec in self.feeder.due(now, loads_of(self._latest, self.dp_size)):
-                spec = dataclasses.replace(spec, arrival=spec.arrival + origin)  # onto the engine's clock
-                self.submit(rank, spec)
-                polled.submitted.append((rank, spec))
-            polled.workload_done = self.feeder.done
+        self._feed(polled)
         polled.stopped = len(self._exited) == self.dp_size
         if polled.stopped:
             # Every rank said goodbye; wait for the processes so that rank 0's last records are flushed.
             self.driver.join(10)
             polled.records += self.driver.poll_records()
         return polled
+
+    def _feed(self, polled: Polled) -> None:
+        """Tell the workload what finished, submit what it has due now."""
+        if self.feeder is None:
+            return
+        origin = self.origin
+        now = self.now() - origin
+        for event in polled.events:
+            if isinstance(event, Finished | Refused):
+                self.feeder.on_finished(event.rid, now)
+        for rank, spec in self.feeder.due(now, loads_of(self._latest, self.dp_size)):
+            spec = dataclasses.replace(spec, arrival=spec.arrival + origin)  # onto the engine's clock
+            self.submit(rank, spec)
+            polled.submitted.append((rank, spec))
+        polled.workload_done = self.feeder.done
 
     def close(self) -> None:
         self.driver.terminate()

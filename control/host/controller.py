@@ -16,11 +16,11 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from control.host.backends import Backend, Polled, loads_of
 from control.plane.hub import RoundHub
-from engine.config import ANY_FLAG, ATTEMPT_FLAG, MAX_INTERVAL, PrefillDelay, ServerArgs
+from engine.config import ANY_FLAG, ATTEMPT_FLAG, PrefillDelay, ServerArgs
 from engine.metrics import RunMetrics, Summary
 from engine.record import RoundRecord
 from engine.request import (
@@ -28,18 +28,24 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     Refused,
     RequestError,
     RequestEvent,
     RequestSpec,
     Tokens,
 )
+from prefill_gate.convert import Origin
 
 # Proto field names of the admin request, by the flag a ServerArgs error names.
 FIELD_OF_FLAG = {ATTEMPT_FLAG: "attempt_interval", ANY_FLAG: "any_interval"}
 _FLAG_PATTERN = re.compile("|".join(re.escape(flag) + r"(?![-\w])" for flag in FIELD_OF_FLAG))
 
 Violations = list[tuple[str, str]]
+
+# Who made a config: the startup flags, a human (ctl, console, grpcurl) unless the caller names itself.
+LAUNCH, OPERATOR = "launch", "operator"
+MAX_CHANGED_BY, MAX_REASON = 64, 512
 
 
 class ConfigRejected(ValueError):
@@ -82,6 +88,7 @@ class ConfigView:
     epoch: int
     delay: PrefillDelay | None
     policy: str
+    origin: Origin | None = None  # who made it and why (None: not known to this controller)
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ class Controller:
         self.args = args
         self.backend = backend
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.hub = RoundHub(self.run_id, history)
+        self.hub = RoundHub(self.run_id, history, origin_of=self.origin_of)
         self.metrics = RunMetrics(max_samples=500_000)  # a server runs for days: percentiles of the recent past
         self.stall_after_s = stall_after_s
         self.duration = duration
@@ -134,9 +141,13 @@ class Controller:
         self.listeners: list[Listener] = []
         self.latest: RoundRecord | None = None
         self.policy = "gate" if args.prefill_decode_interval is None else "local-interval"
-        self.config = ConfigView(0, args.prefill_delay, self.policy)
+        self._origins: dict[int, Origin] = {0: Origin(LAUNCH, _launch_reason(args.prefill_delay, self.policy))}
+        self.config = ConfigView(0, args.prefill_delay, self.policy, self._origins[0])
+        self._ttft: list[float] = []  # latency samples not yet attached to a record
+        self._itl: list[tuple[float, int]] = []
         self._accepted_epoch = 0
         self._accepted_args = args
+        self._adopted_round = 0  # the round after which the config in force was adopted (0: at launch)
         self._waiters: dict[int, asyncio.Future[int]] = {}
         self._streams: dict[str, RequestStream] = {}
         self._live: dict[str, int] = {}  # request id -> rank, until it ends
@@ -145,6 +156,9 @@ class Controller:
         self._started_wall = time.monotonic()
         self._stop_requested = False
         self._killed = False
+        self.failure: str | None = None  # why the run ended abnormally (a crash, a lost rank, a kill)
+        self.stalled = False  # set by whoever watches health (the control plane), so every view agrees
+        self._tokens_seen: dict[str, int] = {}  # output tokens the controller saw per live request
         self._workload_done = False
         self.draining = asyncio.Event()  # set by request_stop: health flips at once, not at the next poll
         self.stopped = asyncio.Event()
@@ -158,7 +172,11 @@ class Controller:
         self._started_wall = time.monotonic()
 
     async def run(self, poll_interval_s: float = 0.002) -> None:
-        """Pump until every rank stopped; the backend is closed on the way out."""
+        """Pump until every rank stopped; the backend is closed on the way out.
+
+        A run that ends any other way than every rank leaving after the same round (a rank's failure,
+        a lost process, a kill) sets `failure`, fails every round stream with it, and re-raises.
+        """
         try:
             while not self._killed:
                 polled = self.pump()
@@ -167,16 +185,38 @@ class Controller:
                     break
                 self._check_bounds()
                 await asyncio.sleep(poll_interval_s if not polled.records else 0)
+            if self._killed:
+                self.failure = "the engine was killed without an agreed stop (a second Ctrl-C or kill())"
+        except BaseException as exc:
+            self.failure = _one_line(exc)
+            raise
         finally:
-            self.state = "stopped"
+            self.state = "failed" if self.failure else "stopped"
             self.backend.close()
             for waiter in self._waiters.values():
                 if not waiter.done():
                     waiter.set_exception(Draining("the engine stopped before adopting the change"))
-            now = self.backend.now()
-            for stream in self._streams.values():  # their ranks are gone: end every open stream
-                stream.queue.put_nowait(Finished(stream.rid, stream.rank, -1, now, FinishReason.ABORT, 0))
+            self._cut_off_live()
+            if self.failure:
+                last = self.latest.round if self.latest else None
+                self.hub.fail_all(f"{self.failure} (last round published: {last})")
             self.stopped.set()
+
+    def _cut_off_live(self) -> None:
+        """Requests no rank reported ending are cut off: every one ends, counted and streamed."""
+        if not self._live:
+            return
+        if self.failure:
+            detail = f"cut off: {self.failure}"
+        else:
+            detail = f"cut off: the engine stopped after round {self.latest.round if self.latest else 0}"
+        now = self.backend.now()
+        events: list[RequestEvent] = [
+            Finished(rid, rank, -1, now, FinishReason.CUT_OFF, self._tokens_seen.get(rid, 0), detail)
+            for rid, rank in self._live.items()
+        ]
+        self.metrics.add_events(events)
+        self._route_events(events)
 
     def pump(self) -> Polled:
         """Move one poll's worth of engine output to every consumer."""
@@ -186,13 +226,32 @@ class Controller:
             self.metrics.add_submitted(spec)
             self._live[spec.rid] = rank
         if polled.events:
+            self._ttft += self._ttfts(polled.events)
             self.metrics.add_events(polled.events)
             self._route_events(polled.events)
         if polled.itl:
             self.metrics.add_itl(polled.itl)
-        for record in polled.records:
-            self._on_record(record)
+            self._itl += polled.itl
+        if polled.records:
+            # The poll's samples ride its last record: they came at or before that round.
+            *earlier, last = polled.records
+            for record in earlier:
+                self._on_record(record)
+            self._on_record(replace(last, ttft=tuple(self._ttft), itl=tuple(self._itl)))
+            self._ttft, self._itl = [], []
         return polled
+
+    def _ttfts(self, events: list[RequestEvent]) -> list[float]:
+        """Time to first token of the first tokens among `events` (requests whose arrival is known)."""
+        out = []
+        for event in events:
+            if isinstance(event, FirstToken) and (arrival := self.metrics.arrival(event.rid)) is not None:
+                out.append(event.time - arrival)
+        return out
+
+    def origin_of(self, epoch: int) -> Origin | None:
+        """Who made config `epoch` and why (None for an epoch this controller never accepted)."""
+        return self._origins.get(epoch)
 
     def _on_record(self, record: RoundRecord) -> None:
         if self.state == "starting":
@@ -217,7 +276,8 @@ class Controller:
             epoch, adopted_round = record.config_epoch, record.round - 1
         else:
             return
-        self.config = ConfigView(epoch, delay, record.policy)
+        self.config = ConfigView(epoch, delay, record.policy, self._origins.get(epoch))
+        self._adopted_round = adopted_round
         for waiting in [e for e in self._waiters if e <= epoch]:
             waiter = self._waiters.pop(waiting)
             if not waiter.done():
@@ -225,9 +285,18 @@ class Controller:
 
     def _route_events(self, events: list[RequestEvent]) -> None:
         for event in events:
+            if isinstance(event, ProposalRefused):
+                self._proposal_refused(event)
+                continue
             stream = self._streams.get(event.rid)
             if isinstance(event, Finished | Refused):
                 self._live.pop(event.rid, None)
+                self._tokens_seen.pop(event.rid, None)
+            elif isinstance(event, Tokens) and event.rid in self._live:
+                self._tokens_seen[event.rid] = self._tokens_seen.get(event.rid, 0) + len(event.tokens)
+            elif isinstance(event, FirstToken) and event.rid in self._live:
+                # The simulator reports no token ids: its first token is all a crash leaves countable.
+                self._tokens_seen[event.rid] = max(1, self._tokens_seen.get(event.rid, 0))
             if stream is None:
                 continue
             if isinstance(event, Admitted):
@@ -238,6 +307,12 @@ class Controller:
                 stream.queue.put_nowait(event)
             if isinstance(event, Finished | Refused):
                 del self._streams[event.rid]
+
+    def _proposal_refused(self, event: ProposalRefused) -> None:
+        """Rank 0 refused a proposal (only one handed to the backend past `update_intervals` can be)."""
+        waiter = self._waiters.pop(event.epoch, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConfigRejected(event.error, [("attempt_interval", event.error)]))
 
     def _check_bounds(self) -> None:
         if self._stop_requested:
@@ -256,7 +331,7 @@ class Controller:
 
     def request_stop(self) -> None:
         """Drain: take no new work, and have every rank stop after the same round (no-op once stopped)."""
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             return
         self._stop_requested = True
         self.state = "draining"
@@ -270,6 +345,20 @@ class Controller:
         if self.state != "serving":
             return False
         return time.monotonic() - self._last_record_wall <= self.stall_after_s
+
+    @property
+    def ended(self) -> bool:
+        """The run is over, cleanly or not: nothing reaches a rank any more."""
+        return self.state in ("stopped", "failed")
+
+    @property
+    def reported_state(self) -> str:
+        """The state every surface reports: `state`, or "stalled" while the health watcher says so."""
+        return "stalled" if self.state == "serving" and self.stalled else self.state
+
+    def last_round_age_s(self) -> float:
+        """Wall seconds since the newest round arrived (0 before the first)."""
+        return time.monotonic() - self._last_record_wall if self.latest is not None else 0.0
 
     def summary(self) -> Summary:
         """The run's figures so far."""
@@ -300,8 +389,8 @@ class Controller:
     def validate_intervals(self, attempt: int | None, any_: int | None, *, disable: bool = False) -> ServerArgs:
         """A candidate copy of the arguments with the new intervals, validated like startup (C3).
 
-        Each field's own range is checked first so that every bad field is named at once; the read of
-        `prefill_delay` on the candidate stays the final word on the combination.
+        The read of `prefill_delay` on the candidate is the only check of the values: the caller gets
+        exactly its ValueError text, once as the message and once per field it names as at fault.
         """
         given = (("attempt_interval", attempt), ("any_interval", any_))
         if disable and (attempt is not None or any_ is not None):
@@ -312,19 +401,13 @@ class Controller:
                 "give attempt_interval and any_interval, or disable",
                 [(name, "required unless disable is true") for name, _ in given],
             )
-        out_of_range = [
-            (name, f"must be an integer in [1, {MAX_INTERVAL}], got {value}")
-            for name, value in given
-            if value is not None and not 1 <= value <= MAX_INTERVAL
-        ]
-        if out_of_range:
-            raise ConfigRejected("; ".join(f"{name} {text}" for name, text in out_of_range), out_of_range)
         try:
             candidate = self._accepted_args.replace(prefill_attempt_interval=attempt, prefill_any_attempt_interval=any_)
             candidate.prefill_delay  # noqa: B018 - the read is the validation
         except ValueError as exc:
             message = str(exc)
-            fields = sorted({FIELD_OF_FLAG[m.group(0)] for m in _FLAG_PATTERN.finditer(message)})
+            flags = getattr(exc, "flags", ()) or [m.group(0) for m in _FLAG_PATTERN.finditer(message)]
+            fields = [FIELD_OF_FLAG[flag] for flag in dict.fromkeys(flags) if flag in FIELD_OF_FLAG]
             raise ConfigRejected(message, [(name, message) for name in fields or ["attempt_interval"]]) from exc
         return candidate
 
@@ -336,25 +419,41 @@ class Controller:
         disable: bool = False,
         expected_epoch: int | None = None,
         validate_only: bool = False,
+        changed_by: str = "",
+        reason: str = "",
     ) -> IntervalUpdate:
-        """Validate, then have every rank adopt the change on the same round (G1)."""
-        if self._stop_requested or self.state == "stopped":
+        """Validate, then have every rank adopt the change on the same round (G1).
+
+        `changed_by` (default "operator") and `reason` (default: what changed) travel with the config.
+        """
+        if self._stop_requested or self.ended:
             raise Draining("the engine is draining")
+        violations = _origin_violations(changed_by, reason)
+        if violations:
+            raise ConfigRejected("; ".join(f"{name} {text}" for name, text in violations), violations)
         candidate = self.validate_intervals(attempt, any_, disable=disable)
         if expected_epoch is not None and expected_epoch != self._accepted_epoch:
             raise StaleEpoch(expected_epoch, self._accepted_epoch)
         delay = candidate.prefill_delay
+        changed_by = changed_by or OPERATOR
+        origin = Origin(changed_by, reason or _change_reason(changed_by, self._accepted_args.prefill_delay, delay))
         if validate_only:
-            view = ConfigView(self._accepted_epoch, delay, self.policy)
+            view = ConfigView(self._accepted_epoch, delay, self.policy, origin)
             return IntervalUpdate(view, self.latest.round if self.latest else 0, True)
+        if delay == self._accepted_args.prefill_delay:  # nothing changes: no new epoch (disable twice, ...)
+            epoch = self._accepted_epoch
+            pending = self._waiters.get(epoch)
+            adopted_round = await asyncio.shield(pending) if pending is not None else self._adopted_round
+            return IntervalUpdate(ConfigView(epoch, delay, self.policy, self._origins.get(epoch)), adopted_round, False)
         self._accepted_epoch += 1
         self._accepted_args = candidate
         epoch = self._accepted_epoch
+        self._origins[epoch] = origin  # before rank 0 can propose it: every record of the epoch finds it
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters[epoch] = waiter
         self.backend.propose(epoch, delay)
         adopted_round = await waiter
-        return IntervalUpdate(ConfigView(epoch, delay, self.policy), adopted_round, False)
+        return IntervalUpdate(ConfigView(epoch, delay, self.policy, origin), adopted_round, False)
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -364,7 +463,7 @@ class Controller:
         Raises Draining, RequestRejected (every bad field named) or DuplicateRequest. A request reaches a
         rank only once it passes the checks the rank would make, so no rank refuses it later.
         """
-        if self._stop_requested or self.state == "stopped":
+        if self._stop_requested or self.ended:
             raise Draining("the engine is draining")
         if spec is None:
             rid = str(fields.pop("rid", "") or f"req-{self.run_id}-{next(self._ids)}")
@@ -404,6 +503,45 @@ class Controller:
             return False
         self.backend.abort(rank, rid)
         return True
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _intervals(delay: PrefillDelay | None) -> str:
+    return f"A={delay.attempt_interval} K={delay.any_interval}" if delay else "gate off"
+
+
+def _launch_reason(delay: PrefillDelay | None, policy: str) -> str:
+    return f"{LAUNCH}: startup flags, " + (_intervals(delay) if policy == "gate" else f"policy {policy}")
+
+
+def _change_reason(changed_by: str, before: PrefillDelay | None, after: PrefillDelay | None) -> str:
+    """What a change does, for a caller that gave no reason: `operator: A 8->4, K 32->16`."""
+    if before is None or after is None:
+        return f"{changed_by}: {_intervals(before)} -> {_intervals(after)}"
+    moved = [
+        f"{name} {old}->{new}"
+        for name, old, new in (
+            ("A", before.attempt_interval, after.attempt_interval),
+            ("K", before.any_interval, after.any_interval),
+        )
+        if old != new
+    ]
+    return f"{changed_by}: " + (", ".join(moved) if moved else f"{_intervals(after)} again")
+
+
+def _origin_violations(changed_by: str, reason: str) -> Violations:
+    """A name and a reason must be short, printable, one line: they are shown on every surface."""
+    out: Violations = []
+    for name, value, limit in (("changed_by", changed_by, MAX_CHANGED_BY), ("reason", reason, MAX_REASON)):
+        if len(value) > limit:
+            out.append((name, f"must be at most {limit} characters, got {len(value)}"))
+        elif not value.isprintable():
+            out.append((name, "must be printable text on one line"))
+    return out
 
 
 def _delay_of(row: object) -> PrefillDelay | None:

@@ -17,8 +17,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
-from control.host.backends import Backend, ProcessBackend, SimBackend
+from control.host.agent import agent_main
+from control.host.backends import Backend, ProcessBackend
 from control.host.controller import Controller
+from control.host.nodes import NodePlan, cluster_driver, node_plan
+from control.host.sim_child import SimProcessBackend
 from control.telemetry.telemetry_cli import rank_observer_spec
 from control.telemetry.trace_status import TraceStatus, summary_lines, trace_status
 from engine.config import ServerArgs
@@ -216,17 +219,34 @@ def check_run_args(ns: argparse.Namespace, args: ServerArgs) -> None:
         )
 
 
-def build_backend(args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str) -> Backend:
-    """Rank processes for the torch executor, the lockstep simulator for `--executor sim`."""
+def build_backend(
+    args: ServerArgs, workload: Workload | None, ns: argparse.Namespace, run_id: str, nodes: NodePlan | None = None
+) -> Backend:
+    """Rank processes for the torch executor, the lockstep simulator (in a child process of its own, so
+    that the control plane's streams never take the engine's interpreter lock) for `--executor sim`; with
+    `nodes`, node 0's ranks and a link to every other node's agent."""
     spec = rank_observer_spec(ns, run_id, args.dp_size)  # None: tracing off, no observer at all
     observer, observer_kwargs = spec if spec is not None else (None, None)
     if args.executor == "sim" and not ns.processes:
-        return SimBackend(
+        return SimProcessBackend(
             args, workload, pace=ns.pace, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs
         )
     if ns.pace is not None:
         raise ValueError("--pace applies to the in-process simulator only (--executor sim without --processes)")
-    return ProcessBackend(args, workload, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs)
+    driver = None
+    if nodes is not None:
+        driver = cluster_driver(
+            args, nodes, ns, run_id, max_rounds=ns.rounds, observer=observer, observer_kwargs=observer_kwargs
+        )
+    return ProcessBackend(
+        args,
+        workload,
+        max_rounds=ns.rounds,
+        observer=observer,
+        observer_kwargs=observer_kwargs,
+        vote_log_dir=getattr(ns, "vote_log_dir", None),
+        driver=driver,
+    )
 
 
 def format_summary(summary: Summary, simulated: bool, tracing: TraceStatus | None = None) -> str:
@@ -245,7 +265,7 @@ def format_summary(summary: Summary, simulated: bool, tracing: TraceStatus | Non
             f"summary{label}",
             f"  rounds {summary.rounds}  elapsed {summary.elapsed_s:.2f} s  requests finished "
             f"{summary.requests_finished}/{summary.requests_submitted} (aborted {summary.requests_aborted}, "
-            f"refused {summary.requests_refused})",
+            f"refused {summary.requests_refused}, cut off {summary.requests_cut_off})",
             f"  output tokens/s {tps}",
             f"  TTFT p50 {ms(summary.ttft_p50_s)}  p99 {ms(summary.ttft_p99_s)}",
             f"  ITL  p50 {ms(summary.itl_p50_s)}  p99 {ms(summary.itl_p99_s)}",
@@ -326,11 +346,14 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
     try:
         args = ServerArgs.from_cli_args(ns)
         check_run_args(ns, args)
+        nodes, args = node_plan(ns, args)
+        if nodes is not None and not nodes.is_controller:
+            return agent_main(ns, args, nodes)
         trace = load_trace_arg(ns)
         if trace is not None:
             print(describe_trace(ns, trace, args), flush=True)
         workload = build_workload(ns, args, trace)
-        backend = build_backend(args, workload, ns, run_id)
+        backend = build_backend(args, workload, ns, run_id, nodes)
     except (ValueError, OSError) as exc:
         # The whole usage of ~50 flags would bury the one line that matters.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
@@ -343,6 +366,8 @@ def serve_main(ns: argparse.Namespace, parser: argparse.ArgumentParser, attachme
         return 1
     except RankFailure as exc:
         backend.close()
+        # What the run did before it failed, every request accounted for (cut off included).
+        print("\n" + format_summary(controller.summary(), args.executor == "sim"), flush=True)
         print(f"\nerror: {exc}", file=sys.stderr, flush=True)
         if exc.detail and os.environ.get("PREFILL_GATE_DEBUG"):
             print(exc.detail, file=sys.stderr, flush=True)  # the rank's traceback, for developers

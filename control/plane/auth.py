@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 
 import grpc
 
@@ -24,6 +25,20 @@ AUTH_HEADER = "authorization"
 # Shared by the server and its clients (ctl, console), so neither has to import the other.
 TOKEN_ENV = "PREFILL_GATE_ADMIN_TOKEN"
 DEFAULT_PORT = 50151
+
+
+def read_token_file(path: str | None, flag: str) -> str | None:
+    """The token in the first line of `path` (None without a path); raises ValueError naming `flag`."""
+    if path is None:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{flag} {path}: cannot read it: {exc}") from exc
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"{flag} {path}: the file holds no token")
+    return token
 
 
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -1,13 +1,13 @@
 """`prefill-gate ctl`: the control plane from a terminal.
 
     prefill-gate ctl --target HOST:PORT config
-    prefill-gate ctl set --attempt 2 --any 8 [--validate-only] [--expected-epoch E]
+    prefill-gate ctl set --attempt 2 --any 8 [--validate-only] [--expected-epoch E] [--reason TEXT]
     prefill-gate ctl disable
     prefill-gate ctl watch [--rank R ...] [--count N]        one compact line per round
     prefill-gate ctl submit --prompt-len 128 --output-len 32  (or --prompt 1,2,3)
     prefill-gate ctl snapshot [--json]
 
-The admin token comes from --token or $PREFILL_GATE_ADMIN_TOKEN. A refused call prints the server's
+The admin token comes from --token, --token-file or $PREFILL_GATE_ADMIN_TOKEN. A refused call prints the server's
 status and every field violation, and exits 1; nothing prints a traceback.
 """
 
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -24,7 +26,7 @@ from google.protobuf import json_format
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, bearer_metadata
+from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, bearer_metadata, read_token_file
 from prefill_gate.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -38,7 +40,16 @@ from prefill_gate.v1 import types_pb2 as pb
 # A stream reader that wants fresh records keeps the transport's receive window small: with gRPC's
 # defaults (BDP probing) megabytes of old records pile up in HTTP/2 buffers before the server's own
 # bounded queue, which counts what it drops, ever fills (see PRACTICE.md).
-FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65536))
+# Lookahead 0: the window opens only for the read in progress, so nothing waits in HTTP/2 buffers while
+# the reader is busy (see WatchRounds in the proto).
+FRESH_STREAM_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 0))
+# A record read later than this after rank 0 published it says how old it is.
+STALE_AFTER_S = 1.0
+# What gRPC says when no connection could be made (a server's own UNAVAILABLE, a crash or a drain, says why).
+_CONNECTION_FAILED = re.compile(
+    r"failed to connect|connection refused|socket closed|connection reset|handshake|end of tls|"
+    r"unexpected eof|dns resolution|deadline", re.IGNORECASE
+)
 POINTS = {pb.GATE_POINT_NONE: "-", pb.GATE_POINT_ANY: "ANY", pb.GATE_POINT_ALL: "ALL"}
 
 
@@ -49,9 +60,7 @@ def add_ctl_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="talk to a running engine's control plane",
         description="Read and change a running engine through its gRPC control plane.",
     )
-    ctl.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT (default: %(default)s)")
-    ctl.add_argument("--token", default=None, help=f"admin token for changes (default: ${TOKEN_ENV})")
-    ctl.add_argument("--tls-ca", default=None, metavar="FILE", help="PEM CA certificate: connect with TLS")
+    add_endpoint_args(ctl)
     ctl.add_argument("--timeout", type=float, default=30.0, help="seconds a unary call may take")
     commands = ctl.add_subparsers(dest="ctl_command", required=True, metavar="CTL_COMMAND")
     commands.add_parser("config", help="the gate config in force")
@@ -62,6 +71,7 @@ def add_ctl_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     for command in (change, disable):
         command.add_argument("--validate-only", action="store_true", help="validate, change nothing")
         command.add_argument("--expected-epoch", type=int, default=None, help="refuse unless this epoch is current")
+        command.add_argument("--reason", default="", help="why (shown with the config; default: what changed)")
     watch = commands.add_parser("watch", help="one compact line per round")
     watch.add_argument("--rank", type=int, action="append", default=[], help="show these ranks' rows (repeatable)")
     watch.add_argument("--from-round", type=int, default=None, help="resume from this round of the history")
@@ -83,10 +93,10 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     """Run one `ctl` command; returns the exit code (0 ok, 1 refused or unreachable, 130 interrupted)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    token = ns.token or os.environ.get(TOKEN_ENV) or None
     try:
-        channel = _channel(ns.target, ns.tls_ca, watch=ns.ctl_command == "watch")
-    except OSError as exc:
+        token = admin_token(ns)
+        channel = open_channel(ns.target, ns.tls_ca, watch=ns.ctl_command == "watch")
+    except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 1
     command = COMMANDS[ns.ctl_command]
@@ -94,7 +104,7 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         with channel:
             command(channel, ns, bearer_metadata(token), out)
     except grpc.RpcError as exc:
-        print(describe_error(exc), file=err)
+        print(describe_error(exc, tls=ns.tls_ca is not None), file=err)
         return 1
     except ValueError as exc:
         print(f"error: {exc}", file=err)
@@ -109,12 +119,16 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     return 0
 
 
-def describe_error(exc: grpc.RpcError) -> str:
-    """The status code, the server's message and every field violation, one per line."""
+def describe_error(exc: grpc.RpcError, *, tls: bool = False) -> str:
+    """The status code, the server's message and every field violation, one per line; for a connection
+    that failed, what to check (including TLS when the call was plaintext)."""
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-    lines = [f"error: {code.name}: {exc.details() if isinstance(exc, grpc.Call) else exc}"]
-    if code is grpc.StatusCode.UNAVAILABLE:
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    lines = [f"error: {code.name}: {details}"]
+    if code is grpc.StatusCode.UNAVAILABLE and _CONNECTION_FAILED.search(details or ""):
         lines.append("  is the engine running, and is --target right?")
+        if not tls:
+            lines.append("  if the server serves TLS (serve --tls-cert), connect with --tls-ca FILE")
     try:
         status = rpc_status.from_call(exc) if isinstance(exc, grpc.Call) else None
     except ValueError:
@@ -126,19 +140,51 @@ def describe_error(exc: grpc.RpcError) -> str:
     return "\n".join(lines)
 
 
-def _channel(target: str, tls_ca: str | None, *, watch: bool) -> grpc.Channel:
+def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
+    """--target, --token, --token-file and --tls-ca: how a client reaches the control plane (ctl, tune)."""
+    parser.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT (default: %(default)s)")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token",
+        default=None,
+        help=f"admin token for changes (default: ${TOKEN_ENV}); visible in `ps`: prefer --token-file or the variable",
+    )
+    token.add_argument("--token-file", default=None, metavar="FILE", help="read the admin token from FILE's first line")
+    parser.add_argument("--tls-ca", default=None, metavar="FILE", help="PEM CA certificate: connect with TLS")
+
+
+def admin_token(ns: argparse.Namespace) -> str | None:
+    """The admin token from --token, --token-file (first line) or the environment; ValueError naming the flag
+    for a file that cannot be read or holds no token."""
+    from_file = read_token_file(getattr(ns, "token_file", None), "--token-file")
+    return ns.token or from_file or os.environ.get(TOKEN_ENV) or None
+
+
+def open_channel(target: str, tls_ca: str | None, *, watch: bool, aio: bool = False) -> grpc.Channel:
+    """A channel to `target` (TLS with `tls_ca`); `watch` keeps stream buffers small; `aio` for asyncio."""
     options = list(FRESH_STREAM_OPTIONS) if watch else []
+    module = grpc.aio if aio else grpc
     if tls_ca is None:
-        return grpc.insecure_channel(target, options=options)
+        return module.insecure_channel(target, options=options)
     with open(tls_ca, "rb") as handle:
         credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
-    return grpc.secure_channel(target, credentials, options=options)
+    return module.secure_channel(target, credentials, options=options)
 
 
 def format_config(config: pb.GateConfig) -> str:
-    """`epoch 3  gate on  A=2 K=8  policy gate`."""
+    """`epoch 3  gate on  A=2 K=8  policy gate  by tuner: <reason>`."""
     gate = f"gate on  A={config.attempt_interval} K={config.any_interval}" if config.enabled else "gate off"
-    return f"epoch {config.epoch}  {gate}  policy {config.policy}"
+    return f"epoch {config.epoch}  {gate}  policy {config.policy}" + format_origin(config)
+
+
+def format_origin(config: pb.GateConfig) -> str:
+    """`  tuner: <why>` or `  by operator: <why>` (empty when the config does not say who made it)."""
+    by, reason = config.changed_by, config.reason
+    if not by:
+        return ""
+    if reason.startswith(f"{by}:"):
+        return f"  {reason}"
+    return f"  by {by}" + (f": {reason}" if reason else "")
 
 
 def format_round(record: pb.RoundRecord, *, rows: bool = False) -> str:
@@ -153,9 +199,14 @@ def format_round(record: pb.RoundRecord, *, rows: bool = False) -> str:
         f"{'decode' if record.all_decode_or_idle else 'extend'}  {record.round_seconds * 1e3:7.2f} ms  {gate}"
     )
     if record.adopted_epoch:
-        line += f"  adopted e{record.adopted_epoch}"
+        line += f"  adopted e{record.adopted_epoch}" + format_origin(record.adopted_config)
     if record.dropped_before:
         line += f"  (dropped {record.dropped_before})"
+    if record.latest_round > record.round:  # a stream's record: how far behind it was when sent
+        line += f"  ({record.latest_round - record.round} behind)"
+    age = time.time() - record.unix_nanos / 1e9
+    if record.unix_nanos and age > STALE_AFTER_S:
+        line += f"  ({age:.1f} s old)"
     for row in record.ranks if rows else ():
         line += (
             f"\n    rank {row.rank:>2}: tok {row.num_tokens:>5} bs {row.batch_size:>3} ext {row.num_extends:>2} "
@@ -171,7 +222,7 @@ def _config(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, out:
 
 
 def _update(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, out: TextIO) -> None:
-    request = admin_pb2.UpdateIntervalsRequest(validate_only=ns.validate_only)
+    request = admin_pb2.UpdateIntervalsRequest(validate_only=ns.validate_only, reason=ns.reason)
     if ns.ctl_command == "disable":
         request.disable = True
     else:
@@ -250,6 +301,10 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
     s = snapshot.stats
     head = f"run {snapshot.run_id}  {snapshot.dp_size} ranks  executor {snapshot.executor}  [{snapshot.state}]"
     print(head, file=out)
+    if snapshot.failure:
+        print(f"failed: {snapshot.failure}", file=out)
+    elif snapshot.state == "stalled":
+        print(f"stalled: no round for {snapshot.last_round_age_seconds:.1f} s", file=out)
     print(f"config: {format_config(snapshot.config)}", file=out)
     print(
         f"rounds {s.rounds} ({s.rounds_per_second:,.0f}/s engine clock)  history {snapshot.history_first_round}"
@@ -258,7 +313,8 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
     )
     print(
         f"requests {s.requests_finished}/{s.requests_submitted} finished, {s.requests_aborted} aborted, "
-        f"{s.requests_refused} refused  output tokens/s {s.output_tokens_per_second:,.1f}",
+        f"{s.requests_refused} refused, {s.requests_cut_off} cut off  "
+        f"output tokens/s {s.output_tokens_per_second:,.1f}",
         file=out,
     )
     print(

@@ -7,7 +7,8 @@ Health follows the rounds: NOT_SERVING until the first round, SERVING while roun
 when no round came for `--stall-after` seconds, and NOT_SERVING for good once the engine drains.
 
 Drain (SIGTERM): health flips, every rank stops after the same round, then every WatchRounds stream
-ends with OK after the rounds it had queued, and only then does the server stop. `server.stop(grace)`
+ends with OK after the rounds it had queued, and only then does the server stop. When the engine fails
+instead (a rank crashed or was lost) every stream ends at once with UNAVAILABLE and the reason. `server.stop(grace)`
 alone would end open streams with UNAVAILABLE, which a client cannot tell from a crash.
 """
 
@@ -31,17 +32,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from control.host.controller import Controller
-from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, BearerTokenInterceptor
+from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, BearerTokenInterceptor, read_token_file
+from control.plane.handlers import add_service
 from control.plane.recording import RecordingWriter
 from control.plane.services import GateAdmin, GateRequests, GateTelemetry
-from prefill_gate.v1 import (
-    admin_pb2,
-    admin_pb2_grpc,
-    requests_pb2,
-    requests_pb2_grpc,
-    telemetry_pb2,
-    telemetry_pb2_grpc,
-)
+from prefill_gate.v1 import admin_pb2, requests_pb2, telemetry_pb2
 from prefill_gate.v1 import types_pb2 as pb
 
 SERVICE_NAMES = (
@@ -61,7 +56,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--admin-token",
         default=None,
-        help=f"bearer token required by UpdateIntervals, Submit and Abort (default: ${TOKEN_ENV}; unset: open)",
+        help="bearer token required by UpdateIntervals, Submit and Abort; visible to every user in `ps`: prefer "
+        f"--admin-token-file or ${TOKEN_ENV} (none of the three: changes are open)",
+    )
+    group.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="read the admin token from FILE (its first line), so it appears in no process listing",
     )
     group.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
     group.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -107,7 +109,10 @@ class PlaneOptions:
         return cls(
             host=ns.host,
             port=ns.port,
-            token=ns.admin_token or os.environ.get(TOKEN_ENV) or None,
+            token=ns.admin_token
+            or read_token_file(ns.admin_token_file, "--admin-token-file")
+            or os.environ.get(TOKEN_ENV)
+            or None,
             tls_cert=ns.tls_cert,
             tls_key=ns.tls_key,
             history=ns.history,
@@ -158,9 +163,9 @@ class ControlPlane:
         interceptors = [BearerTokenInterceptor(options.token)] if options.token else []
         # Without SO_REUSEPORT a second server on the same port fails to bind instead of sharing it.
         server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
-        telemetry_pb2_grpc.add_GateTelemetryServicer_to_server(self.telemetry, server)
-        admin_pb2_grpc.add_GateAdminServicer_to_server(GateAdmin(controller), server)
-        requests_pb2_grpc.add_GateRequestsServicer_to_server(GateRequests(controller), server)
+        add_service(server, self.telemetry, telemetry_pb2.DESCRIPTOR.services_by_name["GateTelemetry"])
+        add_service(server, GateAdmin(controller), admin_pb2.DESCRIPTOR.services_by_name["GateAdmin"])
+        add_service(server, GateRequests(controller), requests_pb2.DESCRIPTOR.services_by_name["GateRequests"])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
         reflection.enable_server_reflection((*SERVICE_NAMES, health_name, reflection.SERVICE_NAME), server)
@@ -203,7 +208,10 @@ class ControlPlane:
         tick = min(0.1, self.options.stall_after_s / 4)
         current = None
         while not controller.draining.is_set() and not controller.stopped.is_set():
-            status = SERVING if controller.serving() else NOT_SERVING
+            serving = controller.serving()
+            # GetSnapshot reports "stalled" from this same decision, so health and snapshot never disagree.
+            controller.stalled = controller.state == "serving" and not serving
+            status = SERVING if serving else NOT_SERVING
             if status != current:
                 for service in ("", *SERVICE_NAMES):
                     await self.health.set(service, status)
@@ -250,6 +258,8 @@ def _key_pair(key_path: str | None, cert_path: str) -> tuple[bytes, bytes]:
 
 def check_server_args(ns: argparse.Namespace) -> PlaneOptions:
     """The control plane's flags, validated before anything starts; raises ValueError naming the flag."""
+    if ns.admin_token and ns.admin_token_file:
+        raise ValueError("--admin-token and --admin-token-file exclude each other")
     options = PlaneOptions.from_namespace(ns)
     for flag, path in (("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key)):
         if path is not None and not Path(path).is_file():

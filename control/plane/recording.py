@@ -8,13 +8,17 @@ The file is length-delimited protobuf:
 
 The writer appends as rounds happen (buffered, flushed about twice a second), so a recording of a run
 that was killed ends with at most one cut-off record; the reader names the byte offset where a file stops
-making sense, whether it is truncated, corrupt, or not a recording at all.
+making sense, whether it is truncated, corrupt, or not a recording at all. `RecordingIndex` gives random
+access (seek to any round) from the byte offset of every record, without holding the records.
 """
 
 from __future__ import annotations
 
+import bisect
+import mmap
 import sys
 import time
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +59,21 @@ def encode_varint(value: int) -> bytes:
         else:
             out.append(low)
             return bytes(out)
+
+
+def decode_varint(data: bytes | mmap.mmap, offset: int, end: int) -> tuple[int, int] | None:
+    """The varint at `offset` and the offset after it; None when it runs past `end`; ValueError when too long."""
+    value = shift = 0
+    while offset < end:
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, offset
+        shift += 7
+        if shift >= 64:
+            raise ValueError("not a varint")
+    return None
 
 
 def frame(message: bytes) -> bytes:
@@ -213,3 +232,122 @@ def read_recording(path: str | Path) -> tuple[pb.RecordingHeader, list[pb.RoundR
     """The header and every record of a (small enough) recording; raises RecordingError."""
     with RecordingReader(path) as reader:
         return reader.header, list(reader)
+
+
+class RecordingIndex:
+    """Random access to a recording: the byte offset and round of every whole record, found in one pass.
+
+    The records stay on disk (the file is memory-mapped; the index is two integer arrays), so a recording
+    of millions of rounds can be sought anywhere. A file cut short or corrupt after some records indexes
+    the records before the damage and keeps the reason in `error`, worded as `RecordingReader` words it.
+    Rounds are assumed to ascend (a recording is written in publish order); `index_of` checks that.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        with RecordingReader(path) as reader:  # validates the magic and the header
+            self.header = reader.header
+            start = reader._offset
+        self.path = Path(path)
+        self.offsets = array("q")
+        self.rounds = array("q")
+        self.error: RecordingError | None = None
+        self._file: BinaryIO | None = self.path.open("rb")
+        size = self.path.stat().st_size
+        self._map: mmap.mmap | None = (
+            mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size > start else None
+        )
+        self._build(start, size)
+        self._ascending = all(a <= b for a, b in zip(self.rounds, self.rounds[1:], strict=False))
+
+    def _build(self, offset: int, size: int) -> None:
+        data = self._map
+        while data is not None and offset < size:
+            what = f"round record {len(self.offsets)}"
+            start = offset
+            try:
+                decoded = decode_varint(data, offset, size)
+            except ValueError:
+                self.error = RecordingError(self.path, start, f"corrupt recording: {what}'s length is not a varint")
+                return
+            if decoded is None:
+                self.error = RecordingError(self.path, start, f"truncated recording: the length of {what} is cut off")
+                return
+            length, offset = decoded
+            if length > MAX_MESSAGE_BYTES:
+                self.error = RecordingError(self.path, start, f"corrupt recording: {what} declares {length} bytes")
+                return
+            if offset + length > size:
+                self.error = RecordingError(
+                    self.path, start,
+                    f"truncated recording: {what} declares {length} bytes but only {size - offset} remain",
+                )
+                return
+            self.offsets.append(start)
+            self.rounds.append(self._round_of(offset, length))
+            offset += length
+
+    def _round_of(self, body: int, length: int) -> int:
+        """The record's round without parsing it: field 1 (a varint) leads a serialized RoundRecord."""
+        data = self._map
+        assert data is not None
+        if length and data[body] == 0x08:
+            decoded = decode_varint(data, body + 1, body + length)
+            if decoded is not None:
+                return decoded[0]
+        message = pb.RoundRecord()  # round 0 (not serialized) or an unusual field order: parse it
+        try:
+            message.ParseFromString(data[body : body + length])
+        except DecodeError:
+            return self.rounds[-1] if self.rounds else 0  # reported when the record itself is read
+        return message.round
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> pb.RoundRecord:
+        """The record at `index` (0-based, in file order); raises IndexError or RecordingError."""
+        if not 0 <= index < len(self.offsets):
+            raise IndexError(f"record {index} of a recording of {len(self.offsets)}")
+        data = self._map
+        if data is None:
+            raise RecordingError(self.path, 0, "the recording is closed")
+        start = self.offsets[index]
+        length, offset = decode_varint(data, start, len(data)) or (0, start)  # whole: checked by _build
+        message = pb.RoundRecord()
+        try:
+            message.ParseFromString(data[offset : offset + length])
+        except DecodeError as exc:
+            problem = f"corrupt recording: round record {index} does not parse ({exc})"
+            raise RecordingError(self.path, start, problem) from exc
+        return message
+
+    def round_at(self, index: int) -> int:
+        """The round of the record at `index`, from the index alone."""
+        return self.rounds[index]
+
+    def index_of(self, round_: int) -> int:
+        """The index of the last record whose round is <= `round_` (0 when every round is later)."""
+        if self._ascending:
+            return max(bisect.bisect_right(self.rounds, round_) - 1, 0)
+        best = 0
+        for index, value in enumerate(self.rounds):
+            if value <= round_:
+                best = index
+        return best
+
+    def close(self) -> None:
+        """Release the mapping and the file; safe to call twice."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RecordingIndex:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

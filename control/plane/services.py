@@ -5,7 +5,8 @@ semantics; this module only translates values and turns the controller's excepti
 
 - invalid values: INVALID_ARGUMENT with a `google.rpc.BadRequest` naming every bad field;
 - a stale `expected_epoch`: FAILED_PRECONDITION; a resume point older than the history: OUT_OF_RANGE;
-- anything while the engine drains: UNAVAILABLE.
+- anything while the engine drains: UNAVAILABLE; a stream the engine's crash cut short: UNAVAILABLE with
+  the reason (never OK, which only a clean stop gives).
 
 Authentication of the mutating calls is not here: `control.plane.auth` intercepts them before a servicer runs.
 """
@@ -30,10 +31,10 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.hub import MAX_QUEUE, OutOfHistory, Subscriber
+from control.plane.hub import MAX_QUEUE, OutOfHistory, StreamFailed, Subscriber
 from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
-from engine.request import Finished, FirstToken, Refused, RequestError, RequestEvent, Tokens
+from engine.request import Finished, FinishReason, FirstToken, Refused, RequestError, RequestEvent, Tokens
 from prefill_gate.convert import gate_config
 from prefill_gate.v1 import (
     admin_pb2,
@@ -65,7 +66,7 @@ async def abort_invalid(context: grpc.aio.ServicerContext, message: str, violati
     await context.abort_with_status(rpc_status.to_status(status))
 
 
-async def send(context: grpc.aio.ServicerContext, message: Message) -> bool:
+async def send(context: grpc.aio.ServicerContext, message: Message | bytes) -> bool:
     """Write one message of a server stream; False when the call is over (the client went away).
 
     A write that is waiting on flow control when the client cancels fails with grpc's internal
@@ -86,6 +87,7 @@ def config_message(view: ConfigView) -> pb.GateConfig:
         delay.attempt_interval if delay else None,
         delay.any_interval if delay else None,
         view.policy,
+        view.origin,
     )
 
 
@@ -110,6 +112,7 @@ def run_stats(summary: Summary, records_dropped: int, tracing: TraceStatus | Non
         requests_finished=summary.requests_finished,
         requests_aborted=summary.requests_aborted,
         requests_refused=summary.requests_refused,
+        requests_cut_off=summary.requests_cut_off,
         output_tokens=summary.output_tokens,
         retractions=summary.retractions,
         records_dropped=records_dropped,
@@ -160,8 +163,11 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
         self.streams.add(subscriber)
         self._no_streams.clear()
         try:
-            while (message := await subscriber.next()) is not None and await send(context, message):
+            # One write at a time, each chosen when the previous one completed (freshness, see the proto).
+            while (frame := await subscriber.next_frame()) is not None and await send(context, frame):
                 pass
+        except StreamFailed as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             hub.unsubscribe(subscriber)
             self.streams.discard(subscriber)
@@ -186,7 +192,9 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
             run_id=controller.run_id,
             dp_size=controller.backend.dp_size,
             executor=controller.args.executor,
-            state=controller.state,
+            state=controller.reported_state,
+            failure=controller.failure or "",
+            last_round_age_seconds=controller.last_round_age_s(),
             latest=hub.latest(),
             config=config_message(controller.config),
             stats=run_stats(controller.summary(), controller.records_dropped(), trace_status(controller)),
@@ -239,6 +247,8 @@ class GateAdmin(admin_pb2_grpc.GateAdminServicer):
                 disable=request.disable,
                 expected_epoch=request.expected_epoch if request.HasField("expected_epoch") else None,
                 validate_only=request.validate_only,
+                changed_by=request.changed_by,
+                reason=request.reason,
             )
         except ConfigRejected as exc:
             await abort_invalid(context, str(exc), exc.violations)
@@ -299,7 +309,11 @@ class GateRequests(requests_pb2_grpc.GateRequestsServicer):
                 for message in _submit_events(stream, events):
                     if not await send(context, message):
                         return
-                ended = any(isinstance(e, Finished) for e in events)
+                finished = next((e for e in events if isinstance(e, Finished)), None)
+                ended = finished is not None
+                if finished is not None and finished.reason is FinishReason.CUT_OFF:
+                    # The Finished event says what was generated; the status says it was not a success.
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, finished.detail or "cut off: the engine stopped")
         finally:
             if not ended:
                 self.controller.abort(stream.rid)
@@ -339,6 +353,7 @@ def _submit_events(stream: RequestStream, events: list[RequestEvent]) -> list[re
                     e2e_seconds=max(0.0, finished.time - stream.arrival),
                     gate_wait_rounds=admitted.wait_rounds if admitted else 0,
                     gate_wait_seconds=admitted.wait_seconds if admitted else 0.0,
+                    detail=finished.detail,
                 )
             )
         )

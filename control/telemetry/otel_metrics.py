@@ -19,6 +19,7 @@ scrape carries no `otel_scope_*` labels.
 | prefill_gate_itl_seconds                     | histogram |                  |
 | prefill_gate_occupancy_ratio                 | gauge     | dp_rank          |
 | prefill_gate_trace_spans_dropped_total       | counter   |                  |
+| prefill_gate_config_changes_total            | counter   | by               |
 | prefill_gate_trace_spans_exported_total      | counter   |                  |
 | prefill_gate_trace_rounds_sampled_total      | counter   | reason           |
 | prefill_gate_trace_requests_unsampled_total  | counter   |                  |
@@ -53,6 +54,7 @@ from engine.gate import GatePoint
 from engine.record import RoundRecord
 from engine.request import Admitted, Finished, FirstToken, Refused, RequestSpec, Retracted
 from engine.rows import Row, all_idle
+from prefill_gate.convert import OriginOf
 
 if TYPE_CHECKING:
     from control.telemetry.trace_status import TraceStatus
@@ -86,6 +88,7 @@ class GateMetrics:
         export_timeout_s: float = 2.0,
         tracing: Callable[[], TraceStatus] | None = None,
         service_name: str = "prefill-gate",
+        origin_of: OriginOf | None = None,
     ) -> None:
         readers: list[MetricReader] = []
         self._server = None
@@ -130,6 +133,10 @@ class GateMetrics:
             "prefill_gate_retractions", "{request}", "Requests retracted to the host tier, by rank."
         )
         self.output_tokens = meter.create_counter("prefill_gate_output_tokens", "{token}", "Output tokens produced.")
+        self._origin_of = origin_of
+        self.config_changes = meter.create_counter(
+            "prefill_gate_config_changes", "{change}", "Config changes every rank adopted, by who made them."
+        )
         self.wait_rounds = meter.create_histogram(
             "prefill_gate_wait_rounds",
             "{round}",
@@ -262,10 +269,14 @@ class GateMetrics:
     def _add_records(self, records: Sequence[RoundRecord]) -> None:
         rounds: Tally[tuple[str, str]] = Tally()
         windows: Tally[str] = Tally()
+        changes: Tally[str] = Tally()
         extend = 0
         for record in records:
             outcome = round_outcome(record)
             rounds[(record.point.name, outcome)] += 1
+            if record.adopted_epoch:
+                origin = self._origin_of(record.adopted_epoch) if self._origin_of is not None else None
+                changes[origin.changed_by if origin is not None else "unknown"] += 1
             if outcome == "idle":
                 continue  # as RunMetrics: an all-idle round opens no window and runs no forward (F2)
             if not record.all_decode_or_idle:
@@ -279,6 +290,8 @@ class GateMetrics:
             self.windows.add(count, {"point": point})
         if extend:
             self.extend_rounds.add(extend)
+        for by, count in changes.items():
+            self.config_changes.add(count, {"by": by})
 
     # -- observable instruments ----------------------------------------------------------------------
 

@@ -323,6 +323,7 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
             window_sample_rate=settings.window_sample_rate,
             model=f"sim/{args.sim_preset}" if args.executor == "sim" else "prefill-gate-moe",
             request_spans_per_s=settings.request_rate,
+            origin_of=controller.origin_of,
         )
         sinks.append(tracer)
     if settings.metrics:
@@ -336,6 +337,7 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
             metrics_addr=settings.metrics_addr,
             otlp=settings.metrics_endpoint,
             tracing=(lambda: trace_status(controller)) if settings.tracing else None,
+            origin_of=controller.origin_of,
         )
         sinks.append(metrics)
     if sinks:

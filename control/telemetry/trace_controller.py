@@ -44,6 +44,7 @@ from control.telemetry.tracing import (
 )
 from engine.record import RoundRecord
 from engine.request import Admitted, ChunkPlanned, Finished, FirstToken, Refused, RequestSpec, Retracted
+from prefill_gate.convert import OriginOf
 
 MAX_LINKS = 64  # the first chunks and the earliest decode rounds; a long request would otherwise carry hundreds
 MAX_EVENTS = 128
@@ -86,6 +87,7 @@ class _PendingRoot:
     attributes: dict[str, object]
     start_ns: int
     record_ns: int  # rank 0's record stamp: a floor for the end
+    events: list[tuple[str, int, dict[str, object]]]  # the config adoption, when this round adopted one
 
 
 class ControllerTracer:
@@ -103,8 +105,10 @@ class ControllerTracer:
         model: str = "prefill-gate",
         service_name: str = DEFAULT_SERVICE,
         request_spans_per_s: float = REQUEST_SPANS_PER_S,
+        origin_of: OriginOf | None = None,
     ) -> None:
         self.run_id = run_id
+        self.origin_of = origin_of  # who made a config epoch and why: the adoption round's span event
         window = sample_rate if window_sample_rate is None else window_sample_rate
         self.sampler = RoundSampler(run_id, sample_rate, window)
         self.shipper = shipper
@@ -256,7 +260,8 @@ class ControllerTracer:
             attributes["gate.any_interval"] = record.any_interval or 0
         if record.adopted_epoch:
             attributes["gate.adopted_epoch"] = record.adopted_epoch
-        self._pending = _PendingRoot(context, attributes, min(start, record.unix_nanos), record.unix_nanos)
+        events = [self._adoption_event(record)] if record.adopted_epoch else []
+        self._pending = _PendingRoot(context, attributes, min(start, record.unix_nanos), record.unix_nanos, events)
 
     def _finish_root(self, pending: _PendingRoot, later: RoundRecord) -> None:
         """Export the pending root, ended by the latest rank's end of its round."""
@@ -280,9 +285,20 @@ class ControllerTracer:
             pending.start_ns,
             end_ns,
             pending.attributes,  # type: ignore[arg-type]
+            pending.events,  # type: ignore[arg-type]
         )
         if self.shipper.offer([span], self.producer, self.counter):
             self.roots += 1
+
+    def _adoption_event(self, record: RoundRecord) -> tuple[str, int, dict[str, object]]:
+        """`gate.config_adopted`: the epoch every rank adopted after this round's gather, who made it and why."""
+        epoch = record.adopted_epoch or 0
+        origin = self.origin_of(epoch) if self.origin_of is not None else None
+        attributes: dict[str, object] = {"gate.config_epoch": epoch}
+        if origin is not None:
+            attributes["gate.changed_by"] = origin.changed_by
+            attributes["gate.reason"] = origin.reason
+        return ("gate.config_adopted", record.unix_nanos, attributes)
 
     def _wall_of_clock(self, clock: float) -> int:
         """Unix ns of an engine-clock time, interpolated between the records around it."""

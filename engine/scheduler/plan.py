@@ -118,7 +118,6 @@ class Plan:
     extend_rows: list[BatchRow] = field(default_factory=list)
     num_decodes: int = 0
     prefill_tokens: int = 0
-    pending_prefill_reserve: int = 0
     cache_ops: list[CacheOp] = field(default_factory=list)
     counts: PoolCounts = field(default_factory=PoolCounts)
     decode_rows_fn: Callable[[], list[BatchRow]] | None = None

@@ -132,7 +132,19 @@ class Scheduler:
         if req is None:
             self._events.append(AbortIgnored(rid, self.rank))
             return False
-        state = req.state
+        self._detach(req)
+        self._end(req, S.ABORTED, FinishReason.ABORT)
+        return True
+
+    def cut_off(self, detail: str) -> None:
+        """The engine stops with requests still live: each ends as cut off, with what it generated."""
+        for req in list(self._live.values()):
+            self._detach(req)
+            self._end(req, S.ABORTED, FinishReason.CUT_OFF, detail)
+
+    def _detach(self, req: Req) -> None:
+        """Take a live request out of whatever queue or set holds it."""
+        rid, state = req.rid, req.state
         if state is S.STORAGE_READ:
             self._storage.remove(req)
         elif state is S.NEW:
@@ -148,8 +160,6 @@ class Scheduler:
         elif state is S.RESTORING:
             del self._restoring[rid]
         self._pending_tokens -= req.prefill_left  # 0 once its prefill is done
-        self._end(req, S.ABORTED, FinishReason.ABORT)
-        return True
 
     def pause_for_weight_update(self) -> None:
         """The next plan is a pause: no prefill, no decode, one round."""
@@ -216,7 +226,8 @@ class Scheduler:
             self._readmit(plan)
             if self.mixed:
                 self._plan_decode(plan)
-                plan.pending_prefill_reserve = self._pending_reserve(options)
+                # S3: what the decode rows leave is at least one page of tokens for the pending prefill,
+                # because startup refuses a budget below the per-rank batch plus one page.
                 self._plan_prefill(plan, options, self.budget - plan.num_decodes)
             else:
                 self._plan_prefill(plan, options, self.budget)
@@ -225,16 +236,6 @@ class Scheduler:
             plan.kind = _kind(plan)
         plan.counts = self.counts()
         return plan
-
-    def _pending_reserve(self, options: PlanOptions) -> int:
-        """S3: what the mixed decode batch leaves for the pending prefill (0 when it may not run)."""
-        if self._resident and options.chunks_allowed:
-            head = self._resident[0]
-        elif not self._resident and self._waiting and options.allow_prefill:
-            head = self._waiting[0]
-        else:
-            return 0
-        return min(head.prefill_left, self.page_size)
 
     def _readmit(self, plan: Plan) -> None:
         """S2: restore retracted requests; cache operations that take no prefill tokens."""
@@ -470,7 +471,7 @@ class Scheduler:
         req.output.append(token)
         self._events.append(Tokens(req.rid, (token,)))
 
-    def _end(self, req: Req, state: ReqState, reason: FinishReason) -> None:
+    def _end(self, req: Req, state: ReqState, reason: FinishReason, detail: str = "") -> None:
         """Finish or abort: free every page, forget the request, report it."""
         if req.pages:
             self.pool.release(req.pages)
@@ -478,7 +479,7 @@ class Scheduler:
         req.move(state)
         req.version += 1
         del self._live[req.rid]
-        self._events.append(Finished(req.rid, self.rank, self.round, self.now, reason, req.generated))
+        self._events.append(Finished(req.rid, self.rank, self.round, self.now, reason, req.generated, detail))
 
     # -- views -------------------------------------------------------------------------------------
 

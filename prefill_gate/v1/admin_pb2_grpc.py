@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class GateAdminStub:
-    """Missing associated documentation comment in .proto file."""
+    """The gate's configuration: read it, or change it on every rank at once.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -48,16 +49,20 @@ class GateAdminStub:
 
 
 class GateAdminServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The gate's configuration: read it, or change it on every rank at once.
+    """
 
     def GetConfig(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The config every rank decides under now.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateIntervals(self, request, context):
-        """Invalid values: INVALID_ARGUMENT with a google.rpc.BadRequest naming each field.
+        """Invalid values: INVALID_ARGUMENT with a google.rpc.BadRequest naming the field(s) at fault; the
+        message and each description are exactly the text startup gives for the same values (C3).
+        A change equal to the config in force changes nothing and makes no new epoch.
         Returns only once every rank has adopted the change.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -86,7 +91,8 @@ def add_GateAdminServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GateAdmin:
-    """Missing associated documentation comment in .proto file."""
+    """The gate's configuration: read it, or change it on every rank at once.
+    """
 
     @staticmethod
     def GetConfig(request,

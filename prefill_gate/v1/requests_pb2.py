@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprefill_gate/v1/requests.proto\x12\x0fprefill_gate.v1\"\x8b\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x03(\x05\x12\x12\n\nprompt_len\x18\x03 \x01(\x03\x12\x12\n\noutput_len\x18\x04 \x01(\x03\x12\x12\n\nprefix_hit\x18\x05 \x01(\x03\x12\x11\n\x04rank\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\",\n\x08\x41\x63\x63\x65pted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\"\x1c\n\nTokenBatch\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"1\n\nFirstToken\x12\x14\n\x0cttft_seconds\x18\x01 \x01(\x01\x12\r\n\x05round\x18\x02 \x01(\x04\"\x8e\x01\n\x08\x46inished\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\noutput_len\x18\x02 \x01(\x04\x12\x14\n\x0cttft_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_seconds\x18\x04 \x01(\x01\x12\x18\n\x10gate_wait_rounds\x18\x05 \x01(\x04\x12\x19\n\x11gate_wait_seconds\x18\x06 \x01(\x01\"\xd7\x01\n\x0bSubmitEvent\x12-\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x19.prefill_gate.v1.AcceptedH\x00\x12-\n\x06tokens\x18\x02 \x01(\x0b\x32\x1b.prefill_gate.v1.TokenBatchH\x00\x12\x32\n\x0b\x66irst_token\x18\x03 \x01(\x0b\x32\x1b.prefill_gate.v1.FirstTokenH\x00\x12-\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x19.prefill_gate.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xa0\x01\n\x0cGateRequests\x12H\n\x06Submit\x12\x1e.prefill_gate.v1.SubmitRequest\x1a\x1c.prefill_gate.v1.SubmitEvent0\x01\x12\x46\n\x05\x41\x62ort\x12\x1d.prefill_gate.v1.AbortRequest\x1a\x1e.prefill_gate.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprefill_gate/v1/requests.proto\x12\x0fprefill_gate.v1\"\x8b\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x03(\x05\x12\x12\n\nprompt_len\x18\x03 \x01(\x03\x12\x12\n\noutput_len\x18\x04 \x01(\x03\x12\x12\n\nprefix_hit\x18\x05 \x01(\x03\x12\x11\n\x04rank\x18\x06 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_rank\",\n\x08\x41\x63\x63\x65pted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\"\x1c\n\nTokenBatch\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"1\n\nFirstToken\x12\x14\n\x0cttft_seconds\x18\x01 \x01(\x01\x12\r\n\x05round\x18\x02 \x01(\x04\"\x9e\x01\n\x08\x46inished\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x12\n\noutput_len\x18\x02 \x01(\x04\x12\x14\n\x0cttft_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65\x32\x65_seconds\x18\x04 \x01(\x01\x12\x18\n\x10gate_wait_rounds\x18\x05 \x01(\x04\x12\x19\n\x11gate_wait_seconds\x18\x06 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18( \x01(\t\"\xd7\x01\n\x0bSubmitEvent\x12-\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x19.prefill_gate.v1.AcceptedH\x00\x12-\n\x06tokens\x18\x02 \x01(\x0b\x32\x1b.prefill_gate.v1.TokenBatchH\x00\x12\x32\n\x0b\x66irst_token\x18\x03 \x01(\x0b\x32\x1b.prefill_gate.v1.FirstTokenH\x00\x12-\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x19.prefill_gate.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xa0\x01\n\x0cGateRequests\x12H\n\x06Submit\x12\x1e.prefill_gate.v1.SubmitRequest\x1a\x1c.prefill_gate.v1.SubmitEvent0\x01\x12\x46\n\x05\x41\x62ort\x12\x1d.prefill_gate.v1.AbortRequest\x1a\x1e.prefill_gate.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,13 +40,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FIRSTTOKEN']._serialized_start=269
   _globals['_FIRSTTOKEN']._serialized_end=318
   _globals['_FINISHED']._serialized_start=321
-  _globals['_FINISHED']._serialized_end=463
-  _globals['_SUBMITEVENT']._serialized_start=466
-  _globals['_SUBMITEVENT']._serialized_end=681
-  _globals['_ABORTREQUEST']._serialized_start=683
-  _globals['_ABORTREQUEST']._serialized_end=717
-  _globals['_ABORTRESPONSE']._serialized_start=719
-  _globals['_ABORTRESPONSE']._serialized_end=749
-  _globals['_GATEREQUESTS']._serialized_start=752
-  _globals['_GATEREQUESTS']._serialized_end=912
+  _globals['_FINISHED']._serialized_end=479
+  _globals['_SUBMITEVENT']._serialized_start=482
+  _globals['_SUBMITEVENT']._serialized_end=697
+  _globals['_ABORTREQUEST']._serialized_start=699
+  _globals['_ABORTREQUEST']._serialized_end=733
+  _globals['_ABORTRESPONSE']._serialized_start=735
+  _globals['_ABORTRESPONSE']._serialized_end=765
+  _globals['_GATEREQUESTS']._serialized_start=768
+  _globals['_GATEREQUESTS']._serialized_end=928
 # @@protoc_insertion_point(module_scope)

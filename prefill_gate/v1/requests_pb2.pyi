@@ -45,20 +45,22 @@ class FirstToken(_message.Message):
     def __init__(self, ttft_seconds: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("reason", "output_len", "ttft_seconds", "e2e_seconds", "gate_wait_rounds", "gate_wait_seconds")
+    __slots__ = ("reason", "output_len", "ttft_seconds", "e2e_seconds", "gate_wait_rounds", "gate_wait_seconds", "detail")
     REASON_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
     TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     E2E_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GATE_WAIT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     GATE_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     reason: str
     output_len: int
     ttft_seconds: float
     e2e_seconds: float
     gate_wait_rounds: int
     gate_wait_seconds: float
-    def __init__(self, reason: _Optional[str] = ..., output_len: _Optional[int] = ..., ttft_seconds: _Optional[float] = ..., e2e_seconds: _Optional[float] = ..., gate_wait_rounds: _Optional[int] = ..., gate_wait_seconds: _Optional[float] = ...) -> None: ...
+    detail: str
+    def __init__(self, reason: _Optional[str] = ..., output_len: _Optional[int] = ..., ttft_seconds: _Optional[float] = ..., e2e_seconds: _Optional[float] = ..., gate_wait_rounds: _Optional[int] = ..., gate_wait_seconds: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SubmitEvent(_message.Message):
     __slots__ = ("accepted", "tokens", "first_token", "finished")

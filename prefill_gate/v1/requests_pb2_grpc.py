@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class GateRequestsStub:
-    """Missing associated documentation comment in .proto file."""
+    """Request submission and abort (mutating: the admin token applies).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,16 +48,20 @@ class GateRequestsStub:
 
 
 class GateRequestsServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Request submission and abort (mutating: the admin token applies).
+    """
 
     def Submit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Route a request to a rank and stream its events; cancelling the call aborts the request. Ends OK
+        once the request finished or was aborted; UNAVAILABLE when the engine stopped first (cut off).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Abort a live request; an unknown id is a no-op (found false).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -83,7 +88,8 @@ def add_GateRequestsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GateRequests:
-    """Missing associated documentation comment in .proto file."""
+    """Request submission and abort (mutating: the admin token applies).
+    """
 
     @staticmethod
     def Submit(request,

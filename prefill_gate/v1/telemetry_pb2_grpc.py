@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class GateTelemetryStub:
-    """Missing associated documentation comment in .proto file."""
+    """Read-only: what the engine decided, round by round. Open to every client (no token).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -53,22 +54,42 @@ class GateTelemetryStub:
 
 
 class GateTelemetryServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Read-only: what the engine decided, round by round. Open to every client (no token).
+    """
 
     def WatchRounds(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One RoundRecord per round, from `from_round` or the next round, through this stream's own bounded
+        queue; the engine never waits for a reader.
+
+        Freshness: the server writes a record only once the previous write completed, and picks it at that
+        moment (the newest in LATEST_ONLY, the oldest queued in LOSSLESS_BOUNDED), so at most one record per
+        stream waits beyond the client's HTTP/2 receive window. Every record says how far behind it was when
+        sent (latest_round - round), when it was sent (sent_unix_nanos) and when rank 0 published it
+        (unix_nanos: its age is now - unix_nanos), and how many rounds this stream skipped before it
+        (dropped_before, exact: round - previous round - 1). The client's receive window is the client's:
+        a reader that wants fresh records keeps it closed between reads (grpc.http2.bdp_probe=0 and
+        grpc.http2.lookahead_bytes=0, as `prefill-gate ctl watch` does). Then in LATEST_ONLY a reader
+        sleeping s seconds between reads gets records about 2 s old, and in LOSSLESS_BOUNDED a record is
+        never more than max_queue rounds behind when sent without dropped_before saying so.
+
+        Ends OK after a clean stop (drain) once the queued records are sent; UNAVAILABLE with the reason
+        when the engine crashed, a collective failed or a rank was lost; OUT_OF_RANGE (trailing metadata
+        history-first-round) when from_round is older than the ring; INVALID_ARGUMENT for bad parameters.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetSnapshot(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The latest record, the config in force, the run's figures and the engine's state.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRounds(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Held records in [from_round, to_round], at most about 3 MiB per answer (see truncated).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -100,7 +121,8 @@ def add_GateTelemetryServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class GateTelemetry:
-    """Missing associated documentation comment in .proto file."""
+    """Read-only: what the engine decided, round by round. Open to every client (no token).
+    """
 
     @staticmethod
     def WatchRounds(request,

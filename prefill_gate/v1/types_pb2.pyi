@@ -86,7 +86,7 @@ class GateConfig(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., attempt_interval: _Optional[int] = ..., any_interval: _Optional[int] = ..., enabled: _Optional[bool] = ..., policy: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "unix_nanos", "counter", "point", "open", "counter_after", "all_decode_or_idle", "round_seconds", "ranks", "config", "dropped_before", "clock_seconds", "run_id", "adopted_epoch", "ranks_extending", "ranks_wanting", "ranks_blocking_all")
+    __slots__ = ("round", "unix_nanos", "counter", "point", "open", "counter_after", "all_decode_or_idle", "round_seconds", "ranks", "config", "dropped_before", "clock_seconds", "run_id", "adopted_epoch", "ranks_extending", "ranks_wanting", "ranks_blocking_all", "latest_round", "sent_unix_nanos", "ttft_seconds", "itl_seconds", "itl_tokens", "adopted_config")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,12 @@ class RoundRecord(_message.Message):
     RANKS_EXTENDING_FIELD_NUMBER: _ClassVar[int]
     RANKS_WANTING_FIELD_NUMBER: _ClassVar[int]
     RANKS_BLOCKING_ALL_FIELD_NUMBER: _ClassVar[int]
+    LATEST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ITL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ITL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_CONFIG_FIELD_NUMBER: _ClassVar[int]
     round: int
     unix_nanos: int
     counter: int
@@ -121,10 +127,16 @@ class RoundRecord(_message.Message):
     ranks_extending: int
     ranks_wanting: int
     ranks_blocking_all: int
-    def __init__(self, round: _Optional[int] = ..., unix_nanos: _Optional[int] = ..., counter: _Optional[int] = ..., point: _Optional[_Union[GatePoint, str]] = ..., open: _Optional[bool] = ..., counter_after: _Optional[int] = ..., all_decode_or_idle: _Optional[bool] = ..., round_seconds: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankRow, _Mapping]]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., dropped_before: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., run_id: _Optional[str] = ..., adopted_epoch: _Optional[int] = ..., ranks_extending: _Optional[int] = ..., ranks_wanting: _Optional[int] = ..., ranks_blocking_all: _Optional[int] = ...) -> None: ...
+    latest_round: int
+    sent_unix_nanos: int
+    ttft_seconds: _containers.RepeatedScalarFieldContainer[float]
+    itl_seconds: _containers.RepeatedScalarFieldContainer[float]
+    itl_tokens: _containers.RepeatedScalarFieldContainer[int]
+    adopted_config: GateConfig
+    def __init__(self, round: _Optional[int] = ..., unix_nanos: _Optional[int] = ..., counter: _Optional[int] = ..., point: _Optional[_Union[GatePoint, str]] = ..., open: _Optional[bool] = ..., counter_after: _Optional[int] = ..., all_decode_or_idle: _Optional[bool] = ..., round_seconds: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankRow, _Mapping]]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., dropped_before: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., run_id: _Optional[str] = ..., adopted_epoch: _Optional[int] = ..., ranks_extending: _Optional[int] = ..., ranks_wanting: _Optional[int] = ..., ranks_blocking_all: _Optional[int] = ..., latest_round: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ..., ttft_seconds: _Optional[_Iterable[float]] = ..., itl_seconds: _Optional[_Iterable[float]] = ..., itl_tokens: _Optional[_Iterable[int]] = ..., adopted_config: _Optional[_Union[GateConfig, _Mapping]] = ...) -> None: ...
 
 class RunStats(_message.Message):
-    __slots__ = ("rounds", "rounds_per_second", "output_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p99_seconds", "gate_wait_p99_seconds", "gate_wait_p99_rounds", "extend_round_share", "ranks_extending_per_window", "windows_any", "windows_all", "requests_submitted", "requests_finished", "requests_aborted", "requests_refused", "output_tokens", "retractions", "records_dropped", "trace_spans_dropped", "elapsed_seconds", "tracing", "prompt_tokens", "prefix_hit_requests", "prefix_hit_tokens", "prefix_hit_share")
+    __slots__ = ("rounds", "rounds_per_second", "output_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p99_seconds", "gate_wait_p99_seconds", "gate_wait_p99_rounds", "extend_round_share", "ranks_extending_per_window", "windows_any", "windows_all", "requests_submitted", "requests_finished", "requests_aborted", "requests_refused", "output_tokens", "retractions", "records_dropped", "trace_spans_dropped", "elapsed_seconds", "requests_cut_off", "tracing", "prompt_tokens", "prefix_hit_requests", "prefix_hit_tokens", "prefix_hit_share")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +159,7 @@ class RunStats(_message.Message):
     RECORDS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     TRACE_SPANS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_CUT_OFF_FIELD_NUMBER: _ClassVar[int]
     TRACING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HIT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -174,15 +187,16 @@ class RunStats(_message.Message):
     records_dropped: int
     trace_spans_dropped: int
     elapsed_seconds: float
+    requests_cut_off: int
     tracing: _tracing_pb2.TracingStatus
     prompt_tokens: int
     prefix_hit_requests: int
     prefix_hit_tokens: int
     prefix_hit_share: float
-    def __init__(self, rounds: _Optional[int] = ..., rounds_per_second: _Optional[float] = ..., output_tokens_per_second: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ..., ttft_p99_seconds: _Optional[float] = ..., itl_p50_seconds: _Optional[float] = ..., itl_p99_seconds: _Optional[float] = ..., gate_wait_p99_seconds: _Optional[float] = ..., gate_wait_p99_rounds: _Optional[float] = ..., extend_round_share: _Optional[float] = ..., ranks_extending_per_window: _Optional[float] = ..., windows_any: _Optional[int] = ..., windows_all: _Optional[int] = ..., requests_submitted: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., requests_refused: _Optional[int] = ..., output_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., records_dropped: _Optional[int] = ..., trace_spans_dropped: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., tracing: _Optional[_Union[_tracing_pb2.TracingStatus, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefix_hit_requests: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_hit_share: _Optional[float] = ...) -> None: ...
+    def __init__(self, rounds: _Optional[int] = ..., rounds_per_second: _Optional[float] = ..., output_tokens_per_second: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ..., ttft_p99_seconds: _Optional[float] = ..., itl_p50_seconds: _Optional[float] = ..., itl_p99_seconds: _Optional[float] = ..., gate_wait_p99_seconds: _Optional[float] = ..., gate_wait_p99_rounds: _Optional[float] = ..., extend_round_share: _Optional[float] = ..., ranks_extending_per_window: _Optional[float] = ..., windows_any: _Optional[int] = ..., windows_all: _Optional[int] = ..., requests_submitted: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., requests_refused: _Optional[int] = ..., output_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., records_dropped: _Optional[int] = ..., trace_spans_dropped: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., requests_cut_off: _Optional[int] = ..., tracing: _Optional[_Union[_tracing_pb2.TracingStatus, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefix_hit_requests: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_hit_share: _Optional[float] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("run_id", "dp_size", "executor", "state", "latest", "config", "stats", "history_first_round", "history_last_round")
+    __slots__ = ("run_id", "dp_size", "executor", "state", "latest", "config", "stats", "history_first_round", "history_last_round", "failure", "last_round_age_seconds")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DP_SIZE_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +206,8 @@ class Snapshot(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIRST_ROUND_FIELD_NUMBER: _ClassVar[int]
     HISTORY_LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     dp_size: int
     executor: str
@@ -201,7 +217,9 @@ class Snapshot(_message.Message):
     stats: RunStats
     history_first_round: int
     history_last_round: int
-    def __init__(self, run_id: _Optional[str] = ..., dp_size: _Optional[int] = ..., executor: _Optional[str] = ..., state: _Optional[str] = ..., latest: _Optional[_Union[RoundRecord, _Mapping]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., stats: _Optional[_Union[RunStats, _Mapping]] = ..., history_first_round: _Optional[int] = ..., history_last_round: _Optional[int] = ...) -> None: ...
+    failure: str
+    last_round_age_seconds: float
+    def __init__(self, run_id: _Optional[str] = ..., dp_size: _Optional[int] = ..., executor: _Optional[str] = ..., state: _Optional[str] = ..., latest: _Optional[_Union[RoundRecord, _Mapping]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., stats: _Optional[_Union[RunStats, _Mapping]] = ..., history_first_round: _Optional[int] = ..., history_last_round: _Optional[int] = ..., failure: _Optional[str] = ..., last_round_age_seconds: _Optional[float] = ...) -> None: ...
 
 class RecordingHeader(_message.Message):
     __slots__ = ("magic", "version", "run_id", "dp_size", "started_unix_nanos", "executor")
