@@ -340,7 +340,9 @@ def test_every_sampled_round_is_one_trace_of_root_and_all_ranks(receiver: OtlpRe
 async def _measure(
     controller: Controller, ns: argparse.Namespace | None, steps: list[tuple[str, float]], receiver: OtlpReceiver | None
 ) -> list[tuple[float, int]]:
-    """Run the controller; for each (mode, seconds) step, the round rate and the drops counted after it."""
+    """Run the controller; for each (mode, seconds) step, the round rate over its window and the drops
+    counted after it: for a failing mode, once the count grew (retries and the export deadline make a loss
+    count some time after the spans were offered; a loaded machine makes it later still)."""
     controller.start()
     stop = await attach_telemetry(controller, ns) if ns is not None else None
     runner = asyncio.create_task(controller.run())
@@ -348,12 +350,18 @@ async def _measure(
     try:
         while controller.latest is None or controller.latest.round < 50:  # warm up
             await asyncio.sleep(0.05)
+        dropped = 0
         for mode, seconds in steps:
             if receiver is not None:
                 receiver.mode = mode
             start = controller.latest.round
             await asyncio.sleep(seconds)
-            out.append(((controller.latest.round - start) / seconds, trace_spans_dropped(controller)))
+            rate = (controller.latest.round - start) / seconds
+            deadline = time.monotonic() + 30.0
+            while mode != "ok" and trace_spans_dropped(controller) <= dropped and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            dropped = trace_spans_dropped(controller)
+            out.append((rate, dropped))
         controller.request_stop()
         await runner
     finally:
