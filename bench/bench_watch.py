@@ -307,6 +307,7 @@ class Freshness:
     label: str
     records: int
     ages: list[float]
+    ages_when_sent: list[float]  # the server's part of each age: from rank 0's publish to the stream's write
     behind: list[int]
     dropped: int
     unexplained_gaps: int  # consecutive records whose round difference dropped_before does not explain
@@ -319,8 +320,8 @@ def sleeping_reader(target: str, mode: int, max_queue: int, options: list, secon
 
 async def _sleeping_reader(
     target: str, mode: int, max_queue: int, options: list, seconds: float, nap: float
-) -> tuple[list[float], list[int], int, int]:
-    ages, behind, dropped, unexplained = [], [], 0, 0
+) -> tuple[list[float], list[float], list[int], int, int]:
+    ages, ages_when_sent, behind, dropped, unexplained = [], [], [], 0, 0
     async with grpc.aio.insecure_channel(target, options=options) as channel:
         request = telemetry_pb2.WatchRoundsRequest(mode=mode, max_queue=max_queue)
         stream = telemetry_pb2_grpc.GateTelemetryStub(channel).WatchRounds(request)
@@ -329,6 +330,7 @@ async def _sleeping_reader(
         while time.monotonic() < end:
             record = await stream.read()
             ages.append((time.time_ns() - record.unix_nanos) / 1e9)
+            ages_when_sent.append((record.sent_unix_nanos - record.unix_nanos) / 1e9)
             behind.append(record.latest_round - record.round)
             dropped += record.dropped_before
             if previous is not None and record.round - previous - 1 != record.dropped_before:
@@ -336,7 +338,7 @@ async def _sleeping_reader(
             previous = record.round
             await asyncio.sleep(nap)
         stream.cancel()
-    return ages, behind, dropped, unexplained
+    return ages, ages_when_sent, behind, dropped, unexplained
 
 
 async def freshness(ranks: int, seconds: float) -> list[Freshness]:
@@ -356,9 +358,10 @@ async def freshness(ranks: int, seconds: float) -> list[Freshness]:
             args = (server.plane.target, mode, queue_bound, options, seconds, NAP_S, results)
             process = context.Process(target=sleeping_reader, args=args)
             process.start()
-            ages, behind, dropped, unexplained = await asyncio.get_running_loop().run_in_executor(None, results.get)
+            read = await asyncio.get_running_loop().run_in_executor(None, results.get)
+            ages, ages_when_sent, behind, dropped, unexplained = read
             process.join()
-            out.append(Freshness(label, len(ages), ages, behind, dropped, unexplained))
+            out.append(Freshness(label, len(ages), ages, ages_when_sent, behind, dropped, unexplained))
             print(freshness_row(out[-1]), flush=True)
     return out
 
@@ -367,7 +370,8 @@ def freshness_row(f: Freshness) -> str:
     ages = sorted(f.ages)
     p50 = ages[len(ages) // 2]
     return (
-        f"| {f.label} | {f.records} | {p50:.2f} | {ages[-1]:.2f} | {max(f.behind):,} | {f.dropped:,} | "
+        f"| {f.label} | {f.records} | {p50:.2f} | {ages[-1]:.2f} | {max(f.ages_when_sent):.2f} | "
+        f"{sum(age > 1.0 for age in ages)} | {max(f.behind):,} | {f.dropped:,} | "
         f"{f.unexplained_gaps} |"
     )
 
@@ -380,7 +384,8 @@ async def main(ns: argparse.Namespace) -> str:
     lines = [
         "# WatchRounds: what subscribers cost the engine, and how fresh a sleeping reader's records are",
         "",
-        f"Command: `.venv/bin/python -m bench.bench_watch{' --quick' if ns.quick else ''}`",
+        f"Command: `{f'nice -n {os.nice(0)} ' if os.nice(0) else ''}.venv/bin/python -m bench.bench_watch"
+        f"{''.join(' ' + arg for arg in sys.argv[1:])}`",
         "",
         f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}, "
         f"grpcio {grpc.__version__}; load average {load:.1f} when it started. The machine was shared with other "
@@ -435,13 +440,17 @@ async def main(ns: argparse.Namespace) -> str:
         "",
         f"## 2. A reader sleeping {NAP_S:g} s between messages for {ns.fresh_s:g} s",
         "",
-        "Against the engine in a child process. age = wall time from rank 0's publish to the read; behind = "
-        "`latest_round - round` when the server sent it; dropped = sum of `dropped_before`; unexplained = "
-        "consecutive records whose round difference `dropped_before` does not account for (must be 0).",
+        "Against the engine in a child process. age = wall time from rank 0's publish to the read; age when "
+        "sent = from rank 0's publish to the stream's write (`sent_unix_nanos`: the engine's hand-off and the "
+        "server's part); > 1 s = records read more than 1 s old; behind = `latest_round - round` when the server "
+        "sent it; dropped = sum of `dropped_before`; unexplained = consecutive records whose round difference "
+        "`dropped_before` does not account for (must be 0). The reader is a process of its own at the same "
+        f"priority as the rest (nice {os.nice(0)} here): on a loaded machine its own waits for a CPU count in its "
+        "ages.",
         "",
-        "| reader | records | age p50 (s) | age max (s) | behind when sent, max (rounds) | dropped (rounds) | "
-        "unexplained gaps |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| reader | records | age p50 (s) | age max (s) | age when sent, max (s) | > 1 s | "
+        "behind when sent, max (rounds) | dropped (rounds) | unexplained gaps |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     lines += [freshness_row(f) for f in await freshness(ns.ranks, ns.fresh_s)]
     lines += ["", *NOTES]
