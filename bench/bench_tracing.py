@@ -8,7 +8,8 @@ through the real controller (`serve`'s code path: `build_backend`, rank observer
 spans) for a fixed wall window after a warm-up; the configurations alternate, repeated, and the median
 rate is reported. The receiver runs in its own process, as a collector would, and counts what it got.
 Backends are built by `serve`'s own `build_backend`, so the bench follows wherever `serve` runs the
-simulator (in this process today).
+simulator (in the controller's process, or in a child process of its own): the CPU figures count this
+process and its children (less the receiver's), and the report names the backend measured.
 
     .venv/bin/python -m bench.bench_tracing            # prints and writes bench/results/tracing.md
 """
@@ -103,20 +104,60 @@ def telemetry_ns(endpoint: str, rate: float | None, window: float | None, proces
     return ns
 
 
-async def measure(backend: Backend, args: ServerArgs, ns: argparse.Namespace, run_id: str, window_s: float) -> dict:
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of one live process (/proc, Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def tree_cpu_s(exclude: set[int]) -> float:
+    """CPU seconds (user + system) of this process and its live descendants, less the `exclude`d
+    processes' subtrees: the controller, and the simulator wherever `serve` put it (/proc, Linux)."""
+    parent_of: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parent_of[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
+    own = os.getpid()
+    total = 0
+    for pid in ticks:
+        ancestor = pid
+        while ancestor not in (own, 0, 1) and ancestor not in exclude:
+            ancestor = parent_of.get(ancestor, 0)
+        if ancestor == own and pid not in exclude:
+            total += ticks[pid]
+    return total / TICKS
+
+
+async def measure(
+    backend: Backend, args: ServerArgs, ns: argparse.Namespace, run_id: str, window_s: float, exclude: set[int]
+) -> dict:
     """Rounds per wall and per CPU second of one controller run over the window, and what tracing did."""
     controller = Controller(args, backend, run_id=run_id, stop_when_idle=False)
     await asyncio.get_running_loop().run_in_executor(None, controller.start)
+    engine = getattr(backend, "pid", None) or os.getpid()  # the process stepping the simulated ranks
     stop = await attach_telemetry(controller, ns)
     runner = asyncio.create_task(controller.run())
     try:
         while controller.latest is None or controller.latest.round < WARMUP_ROUNDS:
             await asyncio.sleep(0.05)
         first = controller.latest.round
-        started, cpu = time.perf_counter(), time.process_time()
+        started, cpu, engine_cpu = time.perf_counter(), tree_cpu_s(exclude), process_cpu_s(engine)
         await asyncio.sleep(window_s)
         rounds = controller.latest.round - first
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        elapsed, cpu = time.perf_counter() - started, tree_cpu_s(exclude) - cpu
+        engine_cpu = process_cpu_s(engine) - engine_cpu
         controller.request_stop()
         await runner
     finally:
@@ -125,9 +166,11 @@ async def measure(backend: Backend, args: ServerArgs, ns: argparse.Namespace, ru
     return {
         "rate": rounds / elapsed,
         "cpu_rate": rounds / cpu,
+        "engine_cpu_rate": rounds / engine_cpu,
         "traced_share": status.traced_share or 0.0,
         "dropped": status.spans_dropped,
         "untraced_requests": status.requests_untraced,
+        "backend": type(backend).__name__,
     }
 
 
@@ -139,18 +182,18 @@ def workload_of(args: ServerArgs) -> Workload:
 
 
 def run_section(
-    args: ServerArgs, processes: bool, endpoint: str, repeats: int, window_s: float, received: Any
+    args: ServerArgs, processes: bool, endpoint: str, repeats: int, window_s: float, received: Any, receiver: int
 ) -> Results:
     """Every configuration `repeats` times, alternating; results by configuration name."""
     results: Results = {name: [] for name, _, _ in CONFIGS}
-    label = "processes" if processes else "in-process"
+    label = "processes" if processes else "simulator"
     for repeat in range(repeats):
         for name, rate, window in CONFIGS:
             ns = telemetry_ns(endpoint, rate, window, processes)
             run_id = f"bench-{label}-{name}-{repeat}"
             before = received.value
             backend = build_backend(args, workload_of(args), ns, run_id)  # serve's own choice of backend
-            result = asyncio.run(measure(backend, args, ns, run_id, window_s))
+            result = asyncio.run(measure(backend, args, ns, run_id, window_s, {receiver}))
             result["received"] = received.value - before
             results[name].append(result)
             print(
@@ -219,12 +262,11 @@ def exporter_capacity(endpoint: str, seconds: float) -> dict:
 def table(results: Results, cpu: bool) -> list[str]:
     """One markdown table: medians, ratios to off, each run, traced share, drops."""
     off = statistics.median(r["rate"] for r in results["off"])
-    cpu_off = statistics.median(r["cpu_rate"] for r in results["off"])
     head = "| tracing | rounds/s | ratio to off |"
     rule = "| --- | ---: | ---: |"
     if cpu:
-        head += " rounds per CPU-s | ratio to off | CPU per round vs off |"
-        rule += " ---: | ---: | ---: |"
+        head += " simulator's process: CPU per round | vs off | all processes: CPU per round | vs off |"
+        rule += " ---: | ---: | ---: | ---: |"
     lines = [
         head + " runs (rounds/s) | traced share | spans dropped | spans received |",
         rule + " --- | ---: | ---: | ---: |",
@@ -237,9 +279,10 @@ def table(results: Results, cpu: bool) -> list[str]:
             label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
         line = f"| {label} | {rate:,.0f} | {rate / off:.3f} |"
         if cpu:
-            cpu_rate = statistics.median(r["cpu_rate"] for r in runs)
-            extra_us = (1 / cpu_rate - 1 / cpu_off) * 1e6
-            line += f" {cpu_rate:,.0f} | {cpu_rate / cpu_off:.3f} | {extra_us:+.1f} us |"
+            for key in ("engine_cpu_rate", "cpu_rate"):
+                per_round = 1e6 / statistics.median(r[key] for r in runs)
+                per_round_off = 1e6 / statistics.median(r[key] for r in results["off"])
+                line += f" {per_round:,.1f} us | {per_round / per_round_off - 1:+.1%} |"
         each = ", ".join(f"{r['rate']:,.0f}" for r in runs)
         share = statistics.median(r["traced_share"] for r in runs)
         dropped = sum(r["dropped"] for r in runs)
@@ -253,6 +296,8 @@ def report(
 ) -> str:
     """The markdown report (also printed)."""
     args = bench_args(options.ranks)
+    backend = sim["off"][0]["backend"]
+    where = "a child process of the controller's" if backend == "SimProcessBackend" else "the controller's process"
     lines = [
         "# Tracing overhead: round rate with tracing off, at the default sampling, and at 100%",
         "",
@@ -269,11 +314,15 @@ def report(
         "confirmed delivered (queue full, collector error, no answer), summed over the repeats, counted after "
         "each run's exporters flushed; spans received: what the receiver got in those runs.",
         "",
-        f"## In-process simulator, {options.ranks} ranks (`serve --executor sim`, preset {args.sim_preset})",
+        f"## Lockstep simulator, {options.ranks} ranks (`serve --executor sim`, preset {args.sim_preset})",
         "",
-        "The harshest case: a simulated rank-round is ~30 us of Python, and the ranks, the controller and the "
-        "span exporter share one process. Rounds per CPU-s divides by that process's CPU time, which other "
-        "tenants of the machine do not inflate; CPU per round vs off is the tracing cost per round, all ranks.",
+        f"Backend: `{backend}` (the simulated ranks step in {where}). The harshest case: a simulated rank-round "
+        "is ~30 us of Python, and the ranks share one interpreter with their span exporter. CPU per round "
+        "(medians) divides CPU time by rounds, which other tenants of the machine inflate far less than wall "
+        "time: the simulator's process (its ranks and their exporter: what bounds its round rate), and all "
+        "processes (the controller's tree, the receiver's excluded; it includes the controller's root and "
+        "request spans and, with the simulator in a child, the controller's polling, which runs whether or "
+        "not rounds do).",
         "",
         *table(sim, cpu=True),
     ]
@@ -317,11 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     receiver.start()
     endpoint = f"http://127.0.0.1:{port_out.get(timeout=60)}"
     try:
-        sim = run_section(bench_args(options.ranks), False, endpoint, options.repeats, options.seconds, counts)
+        pid = receiver.pid or 0
+        sim = run_section(bench_args(options.ranks), False, endpoint, options.repeats, options.seconds, counts, pid)
         procs = None
         if options.process_ranks:
             args = bench_args(options.process_ranks)
-            procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts)
+            procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts, pid)
         capacity = None if options.no_capacity else exporter_capacity(endpoint, options.seconds)
     finally:
         stop.set()

@@ -4,11 +4,8 @@
 # Prints both nodes' output, their exit codes, and one line per rank's vote log (identical logs share
 # a checksum). docs/nodes.md shows a run.
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export PATH="$root/.venv/bin:$PATH"
-out=$(mktemp -d)
-cd "$out" || exit 1
-port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck source=docs/loopback.sh
+source "$(dirname "${BASH_SOURCE[0]}")/loopback.sh"
 serve=(serve --executor sim --processes --enable-dp-attention --prefill-attempt-interval 4
     --prefill-any-attempt-interval 16 --requests 40 --rate 400 --output-len 24 --port 0 --no-progress
     --vote-log-dir votes)

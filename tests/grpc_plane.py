@@ -45,8 +45,8 @@ class Served:
     def requests(self) -> requests_pb2_grpc.GateRequestsStub:
         return requests_pb2_grpc.GateRequestsStub(self.channel)
 
-    async def wait_round(self, round_index: int, timeout_s: float = 20.0) -> None:
-        """Until the controller has seen `round_index`."""
+    async def wait_round(self, round_index: int, timeout_s: float = 60.0) -> None:
+        """Until the controller has seen `round_index` (a generous bound: other work may share the CPUs)."""
         async with asyncio.timeout(timeout_s):
             while self.controller.latest is None or self.controller.latest.round < round_index:
                 await asyncio.sleep(0.005)

@@ -69,13 +69,17 @@ async def test_slow_subscriber_slows_neither_the_engine_nor_a_fast_subscriber():
         b1 = mark()
         slow_stream.cancel()
         await slow_channel.close()
+        c0 = mark()
+        await asyncio.sleep(1.0)
+        c1 = mark()
         fast_task.cancel()
 
-    engine_a, fast_a = rates(a0, a1)
-    engine_b, fast_b = rates(b0, b1)
+    # The slow reader's window B against windows before (A) and after (C) it: the lower of the two, so
+    # that other work starting on this shared machine meanwhile does not read as the slow reader's cost.
+    (engine_a, fast_a), (engine_b, fast_b), (engine_c, fast_c) = rates(a0, a1), rates(b0, b1), rates(c0, c1)
     assert engine_a > 50 and fast_a > 50  # an idle paced simulator waits between rounds instead of spinning
-    assert engine_b >= 0.5 * engine_a, (engine_a, engine_b)
-    assert fast_b >= 0.5 * fast_a, (fast_a, fast_b)
+    assert engine_b >= 0.5 * min(engine_a, engine_c), (engine_a, engine_b, engine_c)
+    assert fast_b >= 0.5 * min(fast_a, fast_c), (fast_a, fast_b, fast_c)
     assert any(record.dropped_before > 0 for record in slow), [r.dropped_before for r in slow]
     # What the slow reader lost is what the counts say: rounds it saw differ by dropped_before + 1.
     for older, newer in itertools.pairwise(slow):

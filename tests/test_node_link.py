@@ -33,6 +33,7 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     ProposeConfig,
     Refused,
     RequestSpec,
@@ -59,6 +60,7 @@ events = st.one_of(
     st.builds(Refused, ids, ranks, st.text(max_size=40)),
     st.builds(AbortIgnored, ids, ranks),
     st.builds(Retracted, ids, ranks, rounds),
+    st.builds(ProposalRefused, st.integers(0, 2**40), st.text(max_size=40), st.text(max_size=12)),
 )
 specs = st.builds(
     RequestSpec,
@@ -84,7 +86,7 @@ reports = st.one_of(
     st.builds(RankReady, ranks, st.integers(1, 2**22)),
     st.builds(RankRound, ranks, rounds, st.lists(events, max_size=4), st.lists(st.tuples(times, st.integers(1, 64)))),
     st.builds(RankFailed, ranks, st.text(max_size=30), st.text(max_size=60)),
-    st.builds(RankExited, ranks, rounds, rounds, st.dictionaries(st.text(max_size=8), times, max_size=3)),
+    st.builds(RankExited, ranks, rounds, rounds, st.dictionaries(st.text(max_size=8), times, max_size=3), rounds),
 )
 
 
@@ -244,14 +246,17 @@ def test_nodes_must_agree_on_the_round_bound_too():  # every rank stops after th
     assert args_difference(shared_flags(args, 100), shared_flags(args, 100)) == []
 
 
-def test_every_field_of_every_event_has_a_wire_field():  # an engine field the link would drop fails here
+def test_every_field_of_every_event_and_report_has_a_wire_field():  # a field the link would drop fails here
     from engine.drivers.wire import EVENT_FIELDS
 
+    carriers = {cls: getattr(pb, "Rank" + cls.__name__) for cls in EVENT_FIELDS}
+    carriers |= {RankReady: pb.RankReadyReport, RankRound: pb.RankRoundReport, RankFailed: pb.RankFailedReport}
+    carriers |= {RankExited: pb.RankExitedReport}
     missing = [
         f"{cls.__name__}.{f.name}"
-        for cls in EVENT_FIELDS
+        for cls, message in carriers.items()
         for f in dataclasses.fields(cls)
-        if f.name not in getattr(pb, "Rank" + cls.__name__).DESCRIPTOR.fields_by_name
+        if f.name not in message.DESCRIPTOR.fields_by_name
     ]
     assert missing == []
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -26,11 +27,13 @@ from control.cli import build_parser
 from control.host.serve import build_workload
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.lockstep import LockstepDriver
-from engine.drivers.procs import ProcessDriver, RankRound, free_port, vote_line
+from engine.drivers.procs import free_port, vote_line
+from engine.request import Finished
 from prefill_gate.v1 import admin_pb2, admin_pb2_grpc, telemetry_pb2, telemetry_pb2_grpc
 from tests.test_grpc_server import self_signed
 
 TOKEN = "node-test-token"
+REQUESTS = 12
 
 
 def engine_flags(dp_size: int) -> list[str]:
@@ -141,14 +144,17 @@ def node_flags(master_port: int, node: int) -> list[str]:
 def write_trace(path: Path) -> None:
     """Every request at t=0, pinned to a rank: all reach round 0, on every node alike."""
     lines = []
-    for i in range(12):
+    for i in range(REQUESTS):
         item = {"t": 0.0, "prompt_len": 40 + 61 * i, "output_len": 60 + 25 * (i % 5), "rank": i % 4}
         lines.append(json.dumps(item))
     path.write_text("\n".join(lines) + "\n")
 
 
-def reference_votes(argv: list[str], adopted_round: int, delay: PrefillDelay, rounds: int) -> list[list[str]]:
-    """The same requests in the in-process lockstep driver, the change proposed at the same round."""
+def reference_votes(
+    argv: list[str], adopted_round: int, delay: PrefillDelay, rounds: int
+) -> tuple[list[list[str]], int]:
+    """The same requests in the in-process lockstep driver, the change proposed at the same round:
+    every rank's vote log, and how many requests finished within `rounds` rounds."""
     parser, _ = build_parser()
     ns = parser.parse_args(["serve", *argv])
     args = ServerArgs.from_cli_args(ns)
@@ -157,71 +163,148 @@ def reference_votes(argv: list[str], adopted_round: int, delay: PrefillDelay, ro
     for rank, spec in workload.due(0.0, [0] * args.dp_size):
         driver.submit(rank, spec)
     logs: list[list[str]] = [[] for _ in range(args.dp_size)]
+    finished = 0
     for round_index in range(rounds):
         if round_index == adopted_round:
             driver.propose(1, delay)  # rank 0 takes it at this round's intake; adopted after its gather
         for rank, outcome in enumerate(driver.step()):
             logs[rank].append(vote_line(outcome, driver.engines[rank].epoch))
-    return logs
+            finished += sum(isinstance(event, Finished) for event in outcome.events)
+    return logs, finished
 
 
-def test_two_nodes_vote_like_one_and_adopt_a_change_on_one_round(tmp_path: Path):  # rules R2, R6, G1
+@dataclass
+class TwoNodeRun:
+    """What one loopback run of two 2-rank node trees showed, ended by `kill -9` of node 1's agent."""
+
+    votes: list[list[str]]  # ranks 0-3, the rounds every rank logged before the kill
+    answer: admin_pb2.UpdateIntervalsResponse
+    finished_before_kill: int
+    agent_code: int | None
+    controller_code: int | None
+    took_s: float  # from the kill to node 0's exit
+    controller_stderr: str
+    watch_end: grpc.StatusCode | None  # how a WatchRounds open at the kill ended
+    orphans: list[int]
+    argv: list[str]  # node 0's engine and workload flags, for the reference run
+
+
+COLLECTIVE_TIMEOUT_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> TwoNodeRun:
+    """Both must-show node scenarios on one set of process trees (the start is most of a node test's
+    time): serve the requests, change the intervals mid-run, then `kill -9` node 1's agent."""
+    tmp_path = tmp_path_factory.mktemp("two-nodes")
     key, cert = self_signed(tmp_path)
     trace = tmp_path / "trace.jsonl"
     write_trace(trace)
     logs0, logs1 = tmp_path / "node0", tmp_path / "node1"
     logs0.mkdir(), logs1.mkdir()
     master_port = free_port()
-    secure = ["--admin-token", TOKEN, "--tls-cert", str(cert), "--tls-key", str(key), "--collective-timeout-s", "60"]
+    secure = ["--admin-token", TOKEN, "--tls-cert", str(cert), "--tls-key", str(key)]
+    common = [*ENGINE, *secure, "--collective-timeout-s", str(COLLECTIVE_TIMEOUT_S)]
     workload = ["--arrival", "trace", "--trace", str(trace)]
-    agent = Node([*ENGINE, *node_flags(master_port, 1), *secure, "--vote-log-dir", str(logs1)])
-    controller = Node(
-        [*ENGINE, *node_flags(master_port, 0), *secure, *workload, "--port", "0", "--vote-log-dir", str(logs0)]
-    )
+    agent = Node([*common, *node_flags(master_port, 1), "--vote-log-dir", str(logs1)])
+    node0 = [*workload, "--port", "0", "--keep-serving", "--vote-log-dir", str(logs0)]
+    controller = Node([*common, *node_flags(master_port, 0), *node0])
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    watch_end: list[grpc.StatusCode] = []
     try:
         port = controller.wait_for(r"control plane: grpcs://127\.0\.0\.1:(\d+)", 120).group(1)
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
-            watch = telemetry_pb2_grpc.GateTelemetryStub(channel).WatchRounds(telemetry_pb2.WatchRoundsRequest())
+            telemetry = telemetry_pb2_grpc.GateTelemetryStub(channel)
+            watch = telemetry.WatchRounds(telemetry_pb2.WatchRoundsRequest())
             for record in watch:
                 if record.round >= 20:
                     break
             watch.cancel()
             change = admin_pb2.UpdateIntervalsRequest(attempt_interval=2, any_interval=8)
-            answer = admin_pb2_grpc.GateAdminStub(channel).UpdateIntervals(
-                change, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=60
-            )
-        assert controller.wait(120) == 0, controller.stderr
-        assert agent.wait(30) == 0, agent.stderr
+            answer = admin_pb2_grpc.GateAdminStub(channel).UpdateIntervals(change, metadata=auth, timeout=60)
+            deadline = time.monotonic() + 120
+            snapshot = telemetry_pb2.GetSnapshotRequest()
+            while (finished := telemetry.GetSnapshot(snapshot).stats.requests_finished) < REQUESTS:
+                assert time.monotonic() < deadline and controller.process.poll() is None, controller.stderr
+                time.sleep(0.1)
+            streaming = threading.Event()
+            watcher = threading.Thread(target=_watch_to_the_end, args=(telemetry, streaming, watch_end), daemon=True)
+            watcher.start()
+            assert streaming.wait(30), "the watch opened before the kill streamed nothing"
+            killed_at = time.monotonic()
+            os.kill(agent.process.pid, signal.SIGKILL)
+            controller_code = controller.wait(COLLECTIVE_TIMEOUT_S + 30)
+            took = time.monotonic() - killed_at
+            watcher.join(30)
+        agent_code = agent.wait(10)
+        orphans = no_orphans_within([controller.process.pid, agent.process.pid], 15)
     finally:
         controller.kill_tree()
         agent.kill_tree()
-    assert any("every rank exited; node 0 ended the run" in line for line in agent.lines)
-    assert any("requests finished 12/12" in line for line in controller.lines), controller.lines
-    logs = [(logs0 / "rank0.log"), (logs0 / "rank1.log"), (logs1 / "rank2.log"), (logs1 / "rank3.log")]
-    votes = [path.read_text().splitlines() for path in logs]
+    logs = [logs0 / "rank0.log", logs0 / "rank1.log", logs1 / "rank2.log", logs1 / "rank3.log"]
+    per_rank = [path.read_text().splitlines() for path in logs]
+    logged = min(len(lines) for lines in per_rank)
+    return TwoNodeRun(
+        votes=[lines[:logged] for lines in per_rank],
+        answer=answer,
+        finished_before_kill=finished,
+        agent_code=agent_code,
+        controller_code=controller_code,
+        took_s=took,
+        controller_stderr=controller.stderr,
+        watch_end=watch_end[0] if watch_end else None,
+        orphans=orphans,
+        argv=[*ENGINE, *workload],
+    )
+
+
+def _watch_to_the_end(
+    telemetry: telemetry_pb2_grpc.GateTelemetryStub, streaming: threading.Event, end: list[grpc.StatusCode]
+) -> None:
+    try:
+        for _ in telemetry.WatchRounds(telemetry_pb2.WatchRoundsRequest()):
+            streaming.set()
+        end.append(grpc.StatusCode.OK)
+    except grpc.RpcError as exc:
+        end.append(exc.code())
+
+
+def test_two_nodes_vote_like_one_and_adopt_a_change_on_one_round(two_node_run: TwoNodeRun):  # rules R2, R6, G1
+    run = two_node_run
+    votes = run.votes
     assert votes[0] == votes[1] == votes[2] == votes[3]  # both nodes, every round (R2)
     epochs = [int(line.split()[5]) for line in votes[0]]
-    adopted = answer.adopted_round
+    adopted = run.answer.adopted_round
     assert epochs.index(1) == adopted and 20 <= adopted < len(epochs) - 1  # one round, both nodes (G1)
     assert set(epochs[:adopted]) == {0} and set(epochs[adopted:]) == {1}
-    assert answer.config.attempt_interval == 2 and answer.config.any_interval == 8
+    assert run.answer.config.attempt_interval == 2 and run.answer.config.any_interval == 8
+    # Every request event crossed the link: node 0's controller counted each request's end.
+    assert run.finished_before_kill == REQUESTS
     # The vote log as a function of the requests and the adoption round: one node, one process, same votes.
-    reference = reference_votes([*ENGINE, *workload], adopted, PrefillDelay(2, 8), len(votes[0]))
+    reference, finished = reference_votes(run.argv, adopted, PrefillDelay(2, 8), len(votes[0]))
     assert reference == votes
+    assert finished == REQUESTS  # the compared rounds cover the whole workload
     points = {line.split()[1] for line in votes[0][:adopted]}
     assert {"1", "2"} <= points  # the run went through ANY and ALL points before the change
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["agent", "controller"])
-def test_a_killed_node_ends_both_trees_nonzero_without_orphans(tmp_path: Path, victim: int):  # issue 16, item 3
-    timeout_s = 20.0
+def test_killing_node_1s_agent_ends_both_trees_nonzero_without_orphans(two_node_run: TwoNodeRun):  # issue 16
+    run = two_node_run
+    assert run.agent_code == -signal.SIGKILL
+    assert run.controller_code == 1 and run.took_s < COLLECTIVE_TIMEOUT_S, (run.took_s, run.controller_stderr)
+    assert "node 1 (ranks 2-3) failed" in run.controller_stderr and "Traceback" not in run.controller_stderr
+    assert run.orphans == []  # no rank of either node outlives its tree
+    assert run.watch_end not in (None, grpc.StatusCode.OK)  # the control plane's client sees a failure
+
+
+def test_a_killed_controller_ends_node_1_nonzero_without_orphans(tmp_path: Path):  # issue 16, item 3
+    timeout_s = COLLECTIVE_TIMEOUT_S
     master_port = free_port()
     # One rank per node: what fails here is a node, and fewer processes start faster.
     common = [*engine_flags(2), "--collective-timeout-s", str(timeout_s), "--vote-log-dir", str(tmp_path)]
     agent = Node([*common, *node_flags(master_port, 1)])
     controller = Node([*common, *node_flags(master_port, 0), "--port", "0", "--keep-serving", "--arrival", "none"])
-    nodes = [controller, agent]
     try:
         agent.wait_for(r"agent at grpc://", 120)
         controller.wait_for(r"control plane: grpc://", 120)
@@ -230,19 +313,17 @@ def test_a_killed_node_ends_both_trees_nonzero_without_orphans(tmp_path: Path, v
             assert time.monotonic() < deadline, "no rounds on node 1"
             time.sleep(0.05)
         killed_at = time.monotonic()
-        os.kill(nodes[victim].process.pid, signal.SIGKILL)
-        survivor = nodes[1 - victim]
-        code = survivor.wait(timeout_s + 30)
+        os.kill(controller.process.pid, signal.SIGKILL)
+        code = agent.wait(timeout_s + 30)
         took = time.monotonic() - killed_at
-        nodes[victim].wait(10)
+        controller.wait(10)
         left = no_orphans_within([controller.process.pid, agent.process.pid], 15)
     finally:
         controller.kill_tree()
         agent.kill_tree()
-    assert nodes[victim].process.returncode == -signal.SIGKILL
-    assert code == 1 and took < timeout_s, (code, took, survivor.stderr)
-    named = "node 1 (rank 1) failed" if victim == 1 else "node 1 (rank 1): lost the link to node 0"
-    assert named in survivor.stderr and "Traceback" not in survivor.stderr
+    assert controller.process.returncode == -signal.SIGKILL
+    assert code == 1 and took < timeout_s, (code, took, agent.stderr)
+    assert "node 1 (rank 1): lost the link to node 0" in agent.stderr and "Traceback" not in agent.stderr
     assert left == []
 
 
@@ -259,27 +340,3 @@ def test_ctrl_c_while_node_0_waits_for_an_agent_ends_it_at_once(tmp_path: Path):
         controller.kill_tree()
     assert code == 1 and "error: interrupted by SIGINT while waiting for node 1 (rank 1)" in controller.stderr
     assert "stopping" not in "\n".join(controller.lines) and left == []
-
-
-def test_go_rebases_a_ranks_wall_clock_on_node_0s():
-    """A remote node's ranks start on their own machine's clock; `Go` carries node 0's engine clock and
-    the rank re-bases on it, so its event times (TTFT, ITL) read on node 0's clock."""
-    from engine.request import Finished, FirstToken, Submit
-    from tests.test_torch_executor import spec, torch_args
-
-    driver = ProcessDriver(torch_args(dp_size=1), idle_wait_s=0.001)
-    events = []
-    try:
-        driver.start(go=False)
-        driver.send(0, Submit(spec("late", 6, 3)))
-        node0_clock = 1000.0  # node 0 has been running for 1000 s
-        driver.go(time.perf_counter() - node0_clock)  # the agent's origin for GoCommand(clock=1000)
-        deadline = time.monotonic() + 120
-        while not any(isinstance(e, Finished) for e in events):
-            assert time.monotonic() < deadline, events
-            events += [e for m in driver.poll_events(0.05) if isinstance(m, RankRound) for e in m.events]
-            driver.raise_if_failed()
-    finally:
-        driver.terminate()
-    first = next(e for e in events if isinstance(e, FirstToken))
-    assert node0_clock <= first.time < node0_clock + 60

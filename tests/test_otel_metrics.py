@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +92,14 @@ def run() -> Any:
         loop = asyncio.get_running_loop()
         try:
             first = await loop.run_in_executor(None, fetch, port)
-            await asyncio.sleep(0.5)
-            second = await loop.run_in_executor(None, fetch, port)
+            # Until tokens flowed and the rules picked rounds (not a fixed sleep: a loaded machine is slow).
+            itl_before, deadline = total(parse(first), "prefill_gate_itl_seconds_count"), time.monotonic() + 60.0
+            while True:
+                await asyncio.sleep(0.2)
+                second = await loop.run_in_executor(None, fetch, port)
+                moved = total(parse(second), "prefill_gate_itl_seconds_count") > itl_before
+                if (moved and controller.backend.tracer.traced_rounds > 0) or time.monotonic() > deadline:
+                    break
             controller.request_stop()
             await runner
             final = await loop.run_in_executor(None, fetch, port)

@@ -66,18 +66,23 @@ class Run:
 
     tokens: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     first_tokens: set[str] = field(default_factory=set)
+    first_token_times: list[float] = field(default_factory=list)
     finished: dict[str, int] = field(default_factory=dict)
     retracted: int = 0
     records: list[RoundRecord] = field(default_factory=list)
     exits: list[RankExited] = field(default_factory=list)
 
 
-def run_group(args: ServerArgs, placed: list[tuple[int, RequestSpec]], timeout_s: float = 120.0) -> Run:
-    """Submit `placed` (rank, request) pairs, run until every request finished, stop, and collect."""
+def run_group(
+    args: ServerArgs, placed: list[tuple[int, RequestSpec]], timeout_s: float = 120.0, clock_origin: float | None = None
+) -> Run:
+    """Submit `placed` (rank, request) pairs, run until every request finished, stop, and collect.
+    `clock_origin`: the `perf_counter` origin `Go` gives the ranks' wall clocks (as a node agent does)."""
     run = Run()
     driver = ProcessDriver(args, idle_wait_s=0.001)
     try:
-        driver.start()
+        driver.start(go=False)
+        driver.go(clock_origin)
         for rank, request in placed:
             driver.send(rank, Submit(request))
         stopping = False
@@ -108,6 +113,7 @@ def _collect(run: Run, message: RankRound) -> None:
             run.tokens[event.rid] += event.tokens
         elif isinstance(event, FirstToken):
             run.first_tokens.add(event.rid)
+            run.first_token_times.append(event.time)
         elif isinstance(event, Finished):
             run.finished[event.rid] = event.output_len
         elif isinstance(event, Retracted):
@@ -145,14 +151,26 @@ def gated_workload() -> list[tuple[int, RequestSpec]]:
     return placed
 
 
+NODE0_CLOCK_S = 1000.0  # what node 0's engine clock reads when the gated run's ranks start
+
+
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[ServerArgs, Run, list[dict], list]:
     args = torch_args(**GATED)
     trace_dir = tmp_path_factory.mktemp("forward-trace")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(TRACE_ENV, str(trace_dir))  # inherited by the spawned rank processes
-        run = run_group(args, gated_workload())
+        # The ranks start as a remote node's do: `Go` says node 0's engine clock reads NODE0_CLOCK_S.
+        run = run_group(args, gated_workload(), clock_origin=time.perf_counter() - NODE0_CLOCK_S)
     return args, run, read_traces(trace_dir, args.dp_size), gated_workload()
+
+
+def test_go_rebases_every_ranks_wall_clock_on_node_0s(gated_run):  # issue 16: one clock for TTFT and ITL
+    """A remote node's ranks start on their own machine's clock; `Go` carries node 0's engine clock and
+    every rank re-bases on it, so their event times read on node 0's clock (fails without re-basing)."""
+    _, run, _, placed = gated_run
+    assert len(run.first_token_times) == len(placed)
+    assert all(NODE0_CLOCK_S <= t < NODE0_CLOCK_S + 120 for t in run.first_token_times), run.first_token_times
 
 
 def test_two_ranks_produce_the_reference_tokens(gated_run):  # rules F1, F2 (the forward is exact under both legs)

@@ -11,13 +11,19 @@ from collections.abc import Callable
 
 import pytest
 
-from control.host.backends import SimBackend
+from control.host.backends import Polled, SimBackend
 from control.host.controller import Controller
-from control.host.serve import format_summary, run_serve
+from control.host.serve import build_backend, format_summary, run_serve
 from control.plane.grpc_server import ControlPlane, PlaneOptions
 from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import ENDPOINT_ENV, attach_telemetry, rank_observer_spec
-from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
+from control.telemetry.trace_export import (
+    DropCounter,
+    ShipperConfig,
+    build_shipper,
+    close_shared,
+    parse_otlp_endpoint,
+)
 from control.telemetry.trace_status import TraceStatus, trace_status
 from control.telemetry.tracing import new_span_id
 from engine.metrics import summarize
@@ -222,3 +228,63 @@ def test_ctl_snapshot_shows_a_stalled_exporter_and_the_spans_dropped(receiver, m
     tracing = snapshot["stats"]["tracing"]
     assert dropped > 0 and int(tracing["spans_dropped"]) >= dropped and tracing["exporter_state"] == "stalled"
     assert tracing["enabled"] and float(tracing["sample_rate"]) == 1.0 and int(tracing["rounds_traced"]) > 0
+
+
+def simulate_to_the_end(receiver: OtlpReceiver, run_id: str, **observer_kwargs: object) -> tuple[SimBackend, Polled]:
+    """A traced 2-rank simulator (every round) run for 40 rounds; its polls, merged."""
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0", "--no-otlp-metrics")
+    args = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
+    observer, kwargs = rank_observer_spec(ns, run_id, 2)  # type: ignore[misc]
+    kwargs.update(observer_kwargs)
+    workload = Workload(ClosedLoop(4), dp_size=2, prompt=Fixed(100), output=Fixed(30), seed=1)
+    backend = SimBackend(args, workload, max_rounds=40, observer=observer, observer_kwargs=kwargs)
+    backend.start()
+    merged, deadline = Polled(), time.monotonic() + 60
+    while not merged.stopped:
+        assert time.monotonic() < deadline, "the simulator did not stop"
+        merged.add(backend.poll())
+        time.sleep(0.01)
+    return backend, merged
+
+
+def test_the_simulator_reports_final_rank_drop_counts_with_its_last_poll_only_when_they_are_final(receiver):
+    # How a simulator in another process tells the controller its ranks' final counts (a rank process
+    # does it in its goodbye): after the last round it drains its exports, then sends the counts. When the
+    # collector holds an export past the bound, it says nothing final (the summary then says "not final").
+    endpoint = parse_otlp_endpoint(receiver.endpoint)
+    backend, merged = simulate_to_the_end(receiver, "final-counts")
+    counters = [engine.observer.counter for engine in backend.driver.engines]
+    assert merged.observer_dropped == {0: counters[0].total, 1: counters[1].total} == backend.observer_dropped
+    assert all(c.offered == c.exported + c.total > 0 for c in counters)  # nothing was pending: final
+    assert len(receiver.spans()) == sum(c.exported for c in counters) == 40 * 2 * 4
+    close_shared(endpoint)
+
+    receiver.hang()
+    try:
+        backend, merged = simulate_to_the_end(receiver, "final-counts-hung", close_timeout_s=0.3)
+        assert merged.stopped and merged.observer_dropped is None
+        counters = [engine.observer.counter for engine in backend.driver.engines]
+        assert any(c.offered > c.exported + c.total for c in counters)  # an export still unanswered
+    finally:
+        receiver.resume()
+        close_shared(endpoint)
+
+
+def test_serve_s_simulator_ends_with_final_counts_and_every_rank_span_delivered(receiver, monkeypatch):
+    # Wherever `serve` runs the simulator (this process, or a child process of its own), a traced run ends
+    # with the ranks' counts final, and every rank span of every round at the collector.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0", "--no-otlp-metrics")
+    ns.pace, ns.processes, ns.no_progress = None, False, True
+    args = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
+    workload = Workload(ClosedLoop(4), dp_size=2, prompt=Fixed(100), output=Fixed(30), limit=16, seed=1)
+    controller = Controller(args, build_backend(args, workload, ns, "serve-final"), run_id="serve-final")
+    records = []
+    controller.listeners.append(records.append)
+    out = io.StringIO()
+    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=out)) == 0
+    status = trace_status(controller)
+    assert status.ranks_final and status.spans_dropped == 0, out.getvalue()
+    rank_spans = [span for _, span in receiver.spans() if span.name in ("gate.round", "plan", "all-gather", "forward")]
+    assert len(rank_spans) == len(records) * 2 * 4 > 0
+    assert "not final" not in out.getvalue() and "spans dropped 0 (ranks 0;" in out.getvalue()

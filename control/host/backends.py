@@ -51,6 +51,9 @@ class Polled:
     submitted: list[tuple[int, RequestSpec]] = field(default_factory=list)  # fed from the workload
     workload_done: bool = False  # the workload will issue nothing more (as of these submissions)
     stopped: bool = False  # every rank left its loop
+    # With the last poll of a run: each rank observer's final count of what it dropped, after it drained
+    # its exports (None: not known to be final). How a simulator in another process reports it.
+    observer_dropped: dict[int, int] | None = None
 
     def add(self, later: Polled) -> None:
         """Append what a later poll produced."""
@@ -60,6 +63,8 @@ class Polled:
         self.submitted += later.submitted
         self.stopped |= later.stopped
         self.workload_done = later.workload_done
+        if later.observer_dropped is not None:
+            self.observer_dropped = later.observer_dropped
 
 
 def loads_of(record: RoundRecord | None, size: int) -> list[int]:
@@ -201,6 +206,8 @@ class SimBackend:
                     self._latest = record
                     self._hand_off(record, polled)
                 polled.stopped = outcomes[0].stop or (self.max_rounds is not None and rounds >= self.max_rounds)
+                if polled.stopped:
+                    polled.observer_dropped = self._observers_final()
                 self._put(polled)
                 if polled.stopped:
                     return
@@ -212,6 +219,15 @@ class SimBackend:
         except BaseException as exc:  # surfaced to the controller on its next poll
             self._error = exc
             self._put(Polled(stopped=True))
+
+    def _observers_final(self) -> dict[int, int] | None:
+        """After the last round, as a rank process does: drain the rank observers' exports (bounded), then
+        their counts are final; None when some export is still unanswered (then they are not)."""
+        observers = [e.observer for e in self.driver.engines if e.observer is not None]
+        flushes = [getattr(o, "flush", None) for o in observers]
+        if not observers or not all(flush is not None and flush() for flush in flushes):
+            return None
+        return self.observer_dropped
 
     def _run_commands(self, wait_s: float = 0.0) -> None:
         """Apply queued commands between rounds; wait up to `wait_s` for the first."""

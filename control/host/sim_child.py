@@ -85,10 +85,11 @@ class _Forwarder:
     (or when the run stops). Runs in the engine's own thread, so nothing else contends for its lock;
     pickling and the pipe are the queue's feeder thread's work."""
 
-    def __init__(self, backend: SimBackend, out: Any, in_flight: Any, bound: int) -> None:
+    def __init__(self, backend: SimBackend, out: Any, received: Any, bound: int) -> None:
         self.backend = backend
         self.out = out
-        self.in_flight = in_flight
+        self.received = received  # records the controller took so far (only the controller writes it)
+        self.sent = 0  # records put on the queue so far (only this forwarder counts them)
         self.bound = bound
         self.pending = Polled()
         self.sent_at = time.monotonic()
@@ -103,12 +104,13 @@ class _Forwarder:
 
     def flush(self) -> None:
         batch, self.pending = self.pending, Polled()
-        with self.in_flight.get_lock():  # beyond the bound the controller is behind: drop records, count them
-            room = max(0, self.bound - self.in_flight.value)
-            if len(batch.records) > room:
-                self.dropped += len(batch.records) - room
-                del batch.records[room:]
-            self.in_flight.value += len(batch.records)
+        # Beyond the bound the controller is behind: drop records, count them. Each counter has one writer,
+        # so the engine never waits for a lock the controller's process holds.
+        room = max(0, self.bound - (self.sent - self.received.value))
+        if len(batch.records) > room:
+            self.dropped += len(batch.records) - room
+            del batch.records[room:]
+        self.sent += len(batch.records)
         if batch.records or batch.events or batch.itl or batch.submitted or batch.stopped:
             self.out.put(_Batch(batch, self.backend.now(), self.dropped))
 
@@ -123,7 +125,7 @@ def _relay_commands(backend: SimBackend, commands: Any) -> None:
         getattr(backend, name)(*arguments)
 
 
-def _child_main(spec: _ChildSpec, commands: Any, out: Any, in_flight: Any) -> None:
+def _child_main(spec: _ChildSpec, commands: Any, out: Any, received: Any) -> None:
     """Body of the child: the simulator in this process's main thread until it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller turns Ctrl-C into an agreed stop
     die_with_parent(spec.parent_pid)
@@ -139,7 +141,7 @@ def _child_main(spec: _ChildSpec, commands: Any, out: Any, in_flight: Any) -> No
             record_queue_size=2**62,  # the bound is the forwarder's, on records in flight to the controller
             sink=lambda polled: forwarder(polled),  # type: ignore[misc]
         )
-        forwarder = _Forwarder(backend, out, in_flight, spec.record_queue_size)
+        forwarder = _Forwarder(backend, out, received, spec.record_queue_size)
         threading.Thread(target=_relay_commands, args=(backend, commands), name="sim-commands", daemon=True).start()
         out.put(_Ready())
         backend.run()
@@ -172,13 +174,13 @@ class SimProcessBackend:
         context = mp.get_context("spawn")
         self._commands = context.Queue()
         self._out = context.Queue()
-        self._in_flight = context.Value("q", 0)
+        self._received = context.RawValue("q", 0)  # records taken off the queue; the child reads it, lock-free
         spec = _ChildSpec(
             args, feeder, pace, max_rounds, observer, observer_kwargs or {}, record_queue_size, os.getpid()
         )
         self._process = context.Process(
             target=_child_main,
-            args=(spec, self._commands, self._out, self._in_flight),
+            args=(spec, self._commands, self._out, self._received),
             name="prefill-gate-sim",
             daemon=True,
         )
@@ -258,8 +260,7 @@ class SimProcessBackend:
             self._now = message.now
             self._dropped = message.records_dropped
         if received:
-            with self._in_flight.get_lock():
-                self._in_flight.value -= received
+            self._received.value += received
         self._stopped |= merged.stopped
         if not merged.stopped and not self._stopped and not self._closed:
             code = self._process.exitcode

@@ -194,9 +194,16 @@ class TelemetryBackend:
         self.settings = settings
         self.tracer = tracer
         self.shipper = shipper
+        self._reported_final: dict[int, int] = {}  # rank observers' final counts, as a poll reported them
 
     def __getattr__(self, name: str) -> Any:  # feeder, driver, args ... of the wrapped backend
         return getattr(self.inner, name)
+
+    @property
+    def observer_dropped(self) -> dict[int, int]:
+        """Each rank observer's final drop count: as the backend keeps it (rank processes that exited,
+        a simulator in this process), else as the run's last poll reported it (one in another process)."""
+        return {**self._reported_final, **(getattr(self.inner, "observer_dropped", None) or {})}
 
     @property
     def controller_spans_dropped(self) -> int:
@@ -221,6 +228,8 @@ class TelemetryBackend:
 
     def poll(self) -> Polled:
         polled = self.inner.poll()
+        if polled.observer_dropped is not None:
+            self._reported_final.update(polled.observer_dropped)
         if polled.records or polled.events or polled.submitted or polled.itl or polled.stopped:
             self._feed("polled", polled)
         return polled

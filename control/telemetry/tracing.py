@@ -357,6 +357,10 @@ class RankRoundTracer:
                 self._reported = True
                 _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
 
+    def flush(self) -> bool:
+        """Wait (bounded, as `close`) until every span offered was answered: then `dropped` is final."""
+        return self.shipper.flush(self.close_timeout_s)
+
     def close(self) -> None:
         """End of the rank process: flush and close its shipper (bounded), so that `dropped` is final."""
         self.shipper.close(self.close_timeout_s)

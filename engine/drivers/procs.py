@@ -154,7 +154,8 @@ def rank_main(
         if spec.observer:
             engine.observer = load_object(spec.observer)(engine, **spec.observer_kwargs)
         if spec.vote_log_dir:
-            log = (Path(spec.vote_log_dir) / f"rank{rank}.log").open("w")
+            # Line-buffered: a rank killed with its node keeps every round it logged.
+            log = (Path(spec.vote_log_dir) / f"rank{rank}.log").open("w", buffering=1)
         events.put(RankReady(rank, os.getpid()))
         go = _await_go(inbox, engine.inbox)
         if go.clock_origin is not None and isinstance(engine.clock, WallClock):

@@ -20,6 +20,7 @@ from engine.request import (
     Finished,
     FinishReason,
     FirstToken,
+    ProposalRefused,
     ProposeConfig,
     Refused,
     RequestEvent,
@@ -42,6 +43,7 @@ EVENT_FIELDS: dict[type, str] = {
     Refused: "refused",
     AbortIgnored: "abort_ignored",
     Retracted: "retracted",
+    ProposalRefused: "proposal_refused",  # rank 0 (node 0) only: crosses a link only under a bug
 }
 EVENT_TYPES = {name: cls for cls, name in EVENT_FIELDS.items()}
 
@@ -165,7 +167,11 @@ def report_to_pb(message: RankMessage) -> pb.NodeReport:
     elif isinstance(message, RankExited):
         out.exited.CopyFrom(
             pb.RankExitedReport(
-                rank=message.rank, rounds=message.rounds, gathers=message.gathers, phases=message.phases
+                rank=message.rank,
+                rounds=message.rounds,
+                gathers=message.gathers,
+                phases=message.phases,
+                observer_dropped=message.observer_dropped,
             )
         )
     else:
@@ -190,7 +196,7 @@ def report_from_pb(message: pb.NodeReport) -> RankMessage:
         return RankFailed(message.failed.rank, message.failed.error, message.failed.detail)
     if kind == "exited":
         e = message.exited
-        return RankExited(e.rank, e.rounds, e.gathers, dict(e.phases))
+        return RankExited(e.rank, e.rounds, e.gathers, dict(e.phases), e.observer_dropped)
     raise WireError(f"not a rank report: {kind!r}")
 
 

@@ -218,8 +218,18 @@ class RankRetracted(_message.Message):
     round: int
     def __init__(self, rid: _Optional[str] = ..., rank: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
+class RankProposalRefused(_message.Message):
+    __slots__ = ("epoch", "error", "rid")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    error: str
+    rid: str
+    def __init__(self, epoch: _Optional[int] = ..., error: _Optional[str] = ..., rid: _Optional[str] = ...) -> None: ...
+
 class RankRequestEvent(_message.Message):
-    __slots__ = ("admitted", "chunk_planned", "first_token", "tokens", "finished", "refused", "abort_ignored", "retracted")
+    __slots__ = ("admitted", "chunk_planned", "first_token", "tokens", "finished", "refused", "abort_ignored", "retracted", "proposal_refused")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     CHUNK_PLANNED_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +238,7 @@ class RankRequestEvent(_message.Message):
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     ABORT_IGNORED_FIELD_NUMBER: _ClassVar[int]
     RETRACTED_FIELD_NUMBER: _ClassVar[int]
+    PROPOSAL_REFUSED_FIELD_NUMBER: _ClassVar[int]
     admitted: RankAdmitted
     chunk_planned: RankChunkPlanned
     first_token: RankFirstToken
@@ -236,7 +247,8 @@ class RankRequestEvent(_message.Message):
     refused: RankRefused
     abort_ignored: RankAbortIgnored
     retracted: RankRetracted
-    def __init__(self, admitted: _Optional[_Union[RankAdmitted, _Mapping]] = ..., chunk_planned: _Optional[_Union[RankChunkPlanned, _Mapping]] = ..., first_token: _Optional[_Union[RankFirstToken, _Mapping]] = ..., tokens: _Optional[_Union[RankTokens, _Mapping]] = ..., finished: _Optional[_Union[RankFinished, _Mapping]] = ..., refused: _Optional[_Union[RankRefused, _Mapping]] = ..., abort_ignored: _Optional[_Union[RankAbortIgnored, _Mapping]] = ..., retracted: _Optional[_Union[RankRetracted, _Mapping]] = ...) -> None: ...
+    proposal_refused: RankProposalRefused
+    def __init__(self, admitted: _Optional[_Union[RankAdmitted, _Mapping]] = ..., chunk_planned: _Optional[_Union[RankChunkPlanned, _Mapping]] = ..., first_token: _Optional[_Union[RankFirstToken, _Mapping]] = ..., tokens: _Optional[_Union[RankTokens, _Mapping]] = ..., finished: _Optional[_Union[RankFinished, _Mapping]] = ..., refused: _Optional[_Union[RankRefused, _Mapping]] = ..., abort_ignored: _Optional[_Union[RankAbortIgnored, _Mapping]] = ..., retracted: _Optional[_Union[RankRetracted, _Mapping]] = ..., proposal_refused: _Optional[_Union[RankProposalRefused, _Mapping]] = ...) -> None: ...
 
 class ItlSample(_message.Message):
     __slots__ = ("seconds", "requests")
@@ -269,7 +281,7 @@ class RankFailedReport(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., error: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class RankExitedReport(_message.Message):
-    __slots__ = ("rank", "rounds", "gathers", "phases")
+    __slots__ = ("rank", "rounds", "gathers", "phases", "observer_dropped")
     class PhasesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -281,11 +293,13 @@ class RankExitedReport(_message.Message):
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     GATHERS_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
+    OBSERVER_DROPPED_FIELD_NUMBER: _ClassVar[int]
     rank: int
     rounds: int
     gathers: int
     phases: _containers.ScalarMap[str, float]
-    def __init__(self, rank: _Optional[int] = ..., rounds: _Optional[int] = ..., gathers: _Optional[int] = ..., phases: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    observer_dropped: int
+    def __init__(self, rank: _Optional[int] = ..., rounds: _Optional[int] = ..., gathers: _Optional[int] = ..., phases: _Optional[_Mapping[str, float]] = ..., observer_dropped: _Optional[int] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("hello", "ready", "round", "failed", "exited")

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class NodeAgentStub:
-    """Missing associated documentation comment in .proto file."""
+    """The agent of a node other than node 0, served on --node-addr:--node-port.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -42,7 +43,8 @@ class NodeAgentStub:
 
 
 class NodeAgentServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The agent of a node other than node 0, served on --node-addr:--node-port.
+    """
 
     def Link(self, request_iterator, context):
         """One link per agent for the whole run. The first command is a LinkHello, answered by AgentHello
@@ -69,7 +71,8 @@ def add_NodeAgentServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NodeAgent:
-    """Missing associated documentation comment in .proto file."""
+    """The agent of a node other than node 0, served on --node-addr:--node-port.
+    """
 
     @staticmethod
     def Link(request_iterator,
