@@ -448,8 +448,6 @@ class ConsoleApp(App[int]):
                 self.notify("no ranks to show yet")
                 return
         self._detail_at = -1e9
-        self._main_drawn_at = -1e9
-        self._covered = False
         self.push_screen(RankDetail(rank, self.state.dp_size or len(grid.views), self.store.executor))
 
     def on_rank_grid_detail_requested(self, message: RankGrid.DetailRequested) -> None:
