@@ -172,10 +172,11 @@ class ConsoleApp(App[int]):
                 and now - self._drawn_at < IDLE_REDRAW_S:
             return
         self._covered = covered
-        self.refresh_now()
+        self.refresh_now(periodic=True)
 
-    def refresh_now(self) -> None:
-        """Build the state of this instant and hand it to every widget."""
+    def refresh_now(self, *, periodic: bool = False) -> None:
+        """Build the state of this instant and hand it to every widget (`periodic`: the tick's redraw,
+        which spares the screen under a dialog; a key's redraw shows its effect everywhere at once)."""
         if not self.screen_stack:  # starting up or shutting down: nothing to draw on
             return
         main = self.screen_stack[0]
@@ -194,7 +195,7 @@ class ConsoleApp(App[int]):
         self.state = state
         # A dialog's dimmed background costs a full re-tint per redraw: under one, the main screen moves
         # once a second, while the dialog itself (the editor's "in force" line, the rank detail) keeps up.
-        if self.screen is main or self._drawn_at - self._main_drawn_at >= COVERED_REFRESH_S:
+        if not periodic or self.screen is main or self._drawn_at - self._main_drawn_at >= COVERED_REFRESH_S:
             self._main_drawn_at = self._drawn_at
             self._show_main(main, state, grid, heat)
         self._show_dialog(state)

@@ -113,10 +113,10 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
         summary = app.screen_stack[0].query_one(SummaryLine)
         assert "want 1/6" in summary.render().plain  # round 120
         app.store.record(record(121, rows_at(121), config=tuned))
-        app.refresh_now()
+        app._tick()
         assert "want 1/6" in summary.render().plain and app.state.record.round == 121
         clock.now += 1.0
-        app.refresh_now()
+        app._tick()
         assert "want 2/6" in summary.render().plain
         await pilot.press("e", "d")  # the app's keys stay quiet over a dialog
         assert isinstance(app.screen, HelpScreen) and len(app.screen_stack) == 2
