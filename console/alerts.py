@@ -100,6 +100,11 @@ def run_alerts(stats: pb.RunStats | None, console_dropped: int, config: pb.GateC
                                         "(its hand-off to the control plane fell behind)", "bad"))
         if stats.trace_spans_dropped:
             out.append(Alert("dropped", f"the trace exporter dropped {stats.trace_spans_dropped:,} spans", "warn"))
+        tracing = stats.tracing
+        if tracing.enabled and tracing.exporter_state in ("failing", "stalled"):
+            detail = f": {tracing.exporter_detail}" if tracing.exporter_detail else ""
+            out.append(Alert("dropped", f"the trace exporter is {tracing.exporter_state} "
+                                        f"({tracing.exporter_queued:,} spans queued){detail}", "warn"))
     if console_dropped:
         out.append(Alert("dropped", f"this console lost {console_dropped:,} round records (it fell behind the "
                                     "stream, or the server's history could not fill a gap)", "warn"))

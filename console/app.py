@@ -56,6 +56,7 @@ _LIVE_ONLY = frozenset({"edit", "disable"})
 _REPLAY_ONLY = frozenset({"speed"})
 IDLE_REDRAW_S = 1.0  # with nothing new, the header still ages ("stale for N s", reconnect countdown)
 DETAIL_REFRESH_S = 1.0  # a live rank detail redraws its rows once a second: readable, not a blur
+COVERED_REFRESH_S = 1.0  # the dimmed screen under a dialog: redrawn once a second (each redraw re-tints it all)
 HEAT_MIN = 8  # lines the heatmap needs below the grid before it is shown there
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 0.0)  # + and - step through; 0: as fast as it reads
 
@@ -115,6 +116,8 @@ class ConsoleApp(App[int]):
         self._drawn_version = -1
         self._drawn_at = 0.0
         self._detail_at = -1e9
+        self._main_drawn_at = -1e9
+        self._covered = False
         self.ingest: Worker[None] | None = None
 
     # -- layout and lifecycle ----------------------------------------------------------------------
@@ -164,12 +167,16 @@ class ConsoleApp(App[int]):
 
     def _tick(self) -> None:
         now = self.clock()
-        if self.store.version == self._drawn_version and now - self._drawn_at < IDLE_REDRAW_S:
+        covered = len(self.screen_stack) > 1
+        if covered == self._covered and self.store.version == self._drawn_version \
+                and now - self._drawn_at < IDLE_REDRAW_S:
             return
-        self.refresh_now()
+        self._covered = covered
+        self.refresh_now(periodic=True)
 
-    def refresh_now(self) -> None:
-        """Build the state of this instant and hand it to every widget."""
+    def refresh_now(self, *, periodic: bool = False) -> None:
+        """Build the state of this instant and hand it to every widget (`periodic`: the tick's redraw,
+        which spares the screen under a dialog; a key's redraw shows its effect everywhere at once)."""
         if not self.screen_stack:  # starting up or shutting down: nothing to draw on
             return
         main = self.screen_stack[0]
@@ -186,6 +193,15 @@ class ConsoleApp(App[int]):
         if self.player is not None:
             state = dataclasses.replace(state, position=self._position(state))
         self.state = state
+        # A dialog's dimmed background costs a full re-tint per redraw: under one, the main screen moves
+        # once a second, while the dialog itself (the editor's "in force" line, the rank detail) keeps up.
+        if not periodic or self.screen is main or self._drawn_at - self._main_drawn_at >= COVERED_REFRESH_S:
+            self._main_drawn_at = self._drawn_at
+            self._show_main(main, state, grid, heat)
+        self._show_dialog(state)
+        self.frames += 1
+
+    def _show_main(self, main: Screen, state: ConsoleState, grid: RankGrid, heat: Heatmap) -> None:
         self._layout_body(main, len(state.views))
         main.query_one(StatusHeader).show(state)
         main.query_one(SummaryLine).show(state, grid.in_view() if grid.display else None)
@@ -197,6 +213,8 @@ class ConsoleApp(App[int]):
         main.query_one(AlertsPanel).show(state)
         for panel in main.query(ThroughputPanel):
             panel.show(state)
+
+    def _show_dialog(self, state: ConsoleState) -> None:
         screen = self.screen
         if isinstance(screen, RankDetail):
             now = self.clock()
@@ -207,7 +225,6 @@ class ConsoleApp(App[int]):
             screen.show_in_force(self.config_in_force())
         elif isinstance(screen, AlertsScreen):
             screen.show(state)
-        self.frames += 1
 
     def _history_needed(self, grid: RankGrid, heat: Heatmap) -> int:
         bounds = self.store.bounds

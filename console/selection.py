@@ -108,10 +108,10 @@ def _word(word: str) -> Predicate:
     lowered = word.lower()
     if lowered in _WORDS:
         return _WORDS[lowered]
-    if lowered.isdigit():
+    if re.fullmatch(r"[0-9]+", lowered):  # ASCII digits: str.isdigit() also takes '²', which int() refuses
         rank = int(lowered)
         return lambda view: view.row.rank == rank
-    if re.fullmatch(r"\d+-\d+", lowered):
+    if re.fullmatch(r"[0-9]+-[0-9]+", lowered):
         low, high = (int(part) for part in lowered.split("-"))
         if low > high:
             raise FilterError(f"{word!r}: a rank range goes low-high, e.g. {high}-{low}")

@@ -117,8 +117,8 @@ def screen_segments(app: ConsoleApp) -> list[list]:
     return [list(strip) for strip in app.screen._compositor.render_strips()]
 
 
-async def until(pilot, condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    """Let the app run until `condition` holds."""
+async def until(pilot, condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Let the app run until `condition` holds (a generous bound: a loaded machine is slow, never wrong)."""
     async with asyncio.timeout(timeout_s):
         while not condition():
             await pilot.pause(0.05)

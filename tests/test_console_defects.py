@@ -294,6 +294,13 @@ async def test_editor_asks_before_applying() -> None:
         assert "apply ALL A=4 · ANY K=12 to every rank?" in status and "enter again" in status
         assert "applying" not in status
 
+        # an edit after the review withdraws the question (it was about the values before the edit)
+        await pilot.press("backspace", "x")
+        await pilot.pause()
+        status = editor_status(app)
+        assert "to every rank?" not in status and "enter: review the change" in status
+        assert "takes a whole number" in str(app.screen.query_one("#attempt-error").render())
+
 
 async def test_editor_reopens_a_disabled_gate_with_the_intervals_last_in_force() -> None:
     off = pb.GateConfig(epoch=3, enabled=False, policy="gate")

@@ -14,7 +14,7 @@ from console.screens.alerts import AlertsScreen
 from console.screens.help import HelpScreen
 from console.screens.rank_detail import RankDetail
 from console.source import ReplaySource
-from console.widgets import Heatmap, PlayerBar, RankGrid, Timeline
+from console.widgets import Heatmap, PlayerBar, RankGrid, SummaryLine, Timeline
 from prefill_gate.v1 import types_pb2 as pb
 from tests.console_pilot import (
     Clock,
@@ -62,7 +62,8 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
     tuned = pb.GateConfig(epoch=4, attempt_interval=4, any_interval=24, enabled=True, policy="gate",
                           changed_by="tuner", reason="TTFT p99 1.8 s > 1.5 s budget -> K 12->24")
     records = [*RECORDS[:-1], record(120, rows_at(120), config=tuned)]
-    app = ConsoleApp(ScriptedLive(records), clock=Clock())  # type: ignore[arg-type]
+    clock = Clock()
+    app = ConsoleApp(ScriptedLive(records), clock=clock)  # type: ignore[arg-type]
     async with app.run_test(size=(120, 40)) as pilot:
         await settled(app, pilot)
         grid = app.query_one(RankGrid)
@@ -108,6 +109,15 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
         for title in ("want", "dec", "pre", "batch", "run", "tokens", "ext", "since", "occupancy", "occ%", "chunks",
                       "wait", "reads", "retr", "history", "heatmap", "alerts", "summary line", "⚠"):
             assert re.search(rf"(^|[ /,]){re.escape(title)}([ /,]|$)", text, re.MULTILINE), title
+        # under a dialog the dimmed main screen is redrawn once a second, not on every tick
+        summary = app.screen_stack[0].query_one(SummaryLine)
+        assert "want 1/6" in summary.render().plain  # round 120
+        app.store.record(record(121, rows_at(121), config=tuned))
+        app._tick()
+        assert "want 1/6" in summary.render().plain and app.state.record.round == 121
+        clock.now += 1.0
+        app._tick()
+        assert "want 2/6" in summary.render().plain
         await pilot.press("e", "d")  # the app's keys stay quiet over a dialog
         assert isinstance(app.screen, HelpScreen) and len(app.screen_stack) == 2
         await pilot.press("q")  # q closes help, and only help

@@ -13,7 +13,7 @@ import asyncio
 import io
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ from tests.console_pilot import (
     back_on_main,
     quick_idle,  # noqa: F401 - a fixture, used by pytestmark
     screen_text,
+    until,
 )
 
 pytestmark = pytest.mark.usefixtures("quick_idle")
@@ -91,12 +92,10 @@ def console(target: str, token: str | None = TOKEN) -> ConsoleApp:
     return ConsoleApp(GrpcSource(Endpoint(target, token)))
 
 
-async def until(pilot: Pilot, condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    """Let the app run until `condition` holds."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await pilot.pause(0.05)
-    assert condition(), what
+def shown_link(app: ConsoleApp) -> Link:
+    """The link state the screen shows now (a starved engine reads as stale: wait for live, never assume it)."""
+    app.refresh_now()
+    return app.state.connection.link
 
 
 async def rounds_arrived(pilot: Pilot, count: int = 12) -> ConsoleApp:
@@ -121,7 +120,7 @@ async def test_live_view_and_navigation_keys() -> None:
         app = console(server.plane.target)
         async with app.run_test(size=(120, 40)) as pilot:
             await rounds_arrived(pilot)
-            assert app.state.connection.link is Link.LIVE
+            await until(pilot, lambda: shown_link(app) is Link.LIVE, "live")
             assert "● live" in header_text(app)
             assert f"{DP_SIZE} ranks" in header_text(app)
             grid = app.query_one(RankGrid)
@@ -132,10 +131,9 @@ async def test_live_view_and_navigation_keys() -> None:
             await pilot.press("space")
             paused_at = app.state.record.round
             assert app.state.paused and "PAUSED" in header_text(app)
-            await pilot.pause(0.3)
+            await until(pilot, lambda: app.store.newest.round > paused_at, "a round after the pause")
             app.refresh_now()
             assert app.state.record.round == paused_at
-            assert app.store.newest.round > paused_at
 
             # left/right and shift+left/right move through the held rounds
             await pilot.press("left")
@@ -300,8 +298,7 @@ async def test_unreachable_target_then_server_appears_then_restarts() -> None:
         try:
             await until(pilot, lambda: app.store.run_id == second.controller.run_id and app.store.history,
                         "rounds from the restarted server")
-            app.refresh_now()
-            assert app.state.connection.link is Link.LIVE
+            await until(pilot, lambda: shown_link(app) is Link.LIVE, "live on the restarted server")
             assert "the server restarted" in app.store.notice_text and first_run in app.store.notice_text
             assert "the server restarted" in header_text(app).splitlines()[2]
             assert all(record.run_id == second.controller.run_id for record in app.store.history)
@@ -359,7 +356,7 @@ async def test_tls_with_and_without_the_ca(tmp_path: Path) -> None:
         app = ConsoleApp(GrpcSource(Endpoint(server.plane.target, TOKEN, tls_ca=str(cert))))
         async with app.run_test(size=(100, 30)) as pilot:
             await rounds_arrived(pilot, 3)
-            assert app.state.connection.link is Link.LIVE
+            await until(pilot, lambda: shown_link(app) is Link.LIVE, "live over TLS")
         app = console(server.plane.target)
         async with app.run_test(size=(100, 30)) as pilot:
             await until(pilot, lambda: app.store.link is Link.RECONNECTING, "refused in plaintext")

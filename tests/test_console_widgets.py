@@ -259,6 +259,7 @@ def test_every_field_the_console_shows_is_emitted_by_the_control_plane() -> None
     from console.sample import sample_args, sample_engine_records, sample_workload
     from console.state import RECORD_FIELDS_READ, ROW_FIELDS_READ, STATS_FIELDS_READ
     from control.plane.services import run_stats
+    from control.telemetry.trace_status import TraceStatus
     from engine.gate import GatePoint
     from engine.rows import Row
     from lab.simrun import run_sim
@@ -286,7 +287,8 @@ def test_every_field_the_console_shows_is_emitted_by_the_control_plane() -> None
         assert (len(value) if name == "ranks" else message.HasField(name) if name == "config" else value), name
 
     summary, _ = run_sim(sample_args(2), sample_workload(2), rounds=400)
-    stats = run_stats(summary, 3, 2)  # records the engine's hand-off dropped, spans the exporter dropped
+    # records the engine's hand-off dropped; spans the exporter dropped
+    stats = run_stats(summary, 3, TraceStatus(enabled=True, spans_dropped=2))
     for name in STATS_FIELDS_READ:
         assert getattr(stats, name), f"RunStats.{name} is zero after a busy run"
 
@@ -343,7 +345,8 @@ def test_filter_words_and_refusals() -> None:
     assert ranks("wait>=5") == [0] and ranks("want") == [0] and ranks("ext") == [2] and ranks("alert") == [3]
     assert ranks("since>10") == [0, 1, 3]  # never extended within the rounds held counts as longest
     assert ranks("1-2") == [1, 2] and ranks("3") == [3] and ranks("1-3 !blocks") == [2, 3]
-    for bad, message in (("frob", "not a filter word"), ("5-2", "low-high"), ("occ>7", "occupancy is 0..1")):
+    for bad, message in (("frob", "not a filter word"), ("5-2", "low-high"), ("occ>7", "occupancy is 0..1"),
+                         ("²", "not a filter word")):  # a digit to str.isdigit(), not a number to int()
         with pytest.raises(FilterError, match=message):
             parse_filter(bad)
     assert [v.row.rank for v in sort_views(views, "since")] == [0, 1, 3, 2]
@@ -386,6 +389,15 @@ def test_alerts_from_the_rounds_held_and_the_run() -> None:
     assert any("this console lost 2" in t for t in texts)
     assert [a.text for a in run if not a.counts] == ["tuner at epoch 4: TTFT p99 1.8 s > 1.5 s -> K 32->24"]
     assert run_alerts(None, 0, pb.GateConfig(epoch=0, changed_by="launch"), bounds) == []
+    # the exporter's health (TracingStatus): raised while it fails or stalls, not while it is ok
+    from prefill_gate.v1 import tracing_pb2 as tracing_pb
+
+    failing = pb.RunStats(tracing=tracing_pb.TracingStatus(enabled=True, exporter_state="failing", exporter_queued=120,
+                                                   exporter_detail="UNAVAILABLE"))
+    assert [a.text for a in run_alerts(failing, 0, None, bounds)] == [
+        "the trace exporter is failing (120 spans queued): UNAVAILABLE"]
+    healthy = pb.RunStats(tracing=tracing_pb.TracingStatus(enabled=True, exporter_state="ok"))
+    assert run_alerts(healthy, 0, None, bounds) == []
 
 
 def test_parts_are_dropped_whole_lowest_first() -> None:

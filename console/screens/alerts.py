@@ -22,8 +22,8 @@ def bounds_text(bounds: Bounds) -> str:
         f"raised for: a rank above the watermark for {bounds.above_rounds} rounds in a row (--alert-above-rounds); "
         f"a rank's waiting prompts growing by 3+ over {bounds.growing_rounds} rounds (--alert-growing-rounds); "
         f"the run's gate wait p99 over {bounds.gate_wait_p99_s:g} s (--alert-gate-wait-p99); round records or "
-        "trace spans dropped anywhere; and, listed, the last config change made by someone other than the launch "
-        "(the tuner)"
+        "trace spans dropped anywhere, or the trace exporter failing; and, listed, the last config change made "
+        "by someone other than the launch (the tuner)"
     )
 
 

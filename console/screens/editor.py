@@ -18,6 +18,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
@@ -170,8 +171,10 @@ class IntervalEditor(EarlyKeys, ModalScreen[None]):
         if config is None or (self.in_force is not None and config.SerializeToString() ==
                               self.in_force.SerializeToString()):
             return
+        if self.in_force is not None and config.epoch < self.in_force.epoch:
+            return  # the stream is behind what the server just answered (a refusal fetches the config)
         self.in_force = config
-        if self.is_mounted:
+        with contextlib.suppress(NoMatches):  # not composed yet, or being dismissed
             self.query_one("#in-force", Static).update(self._in_force_text())
 
     def on_mount(self) -> None:
@@ -179,13 +182,18 @@ class IntervalEditor(EarlyKeys, ModalScreen[None]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.pending = None  # an edit after the review: review again
-        field = next(name for name, target in FIELDS.items() if target == event.input.id)
-        error = check_whole(LABELS[field], event.value)
-        self.query_one(f"#{event.input.id}-error", Static).update(Text(error))
-        if error:
-            self.shown_violations[field] = error
-        else:
-            self.shown_violations.pop(field, None)
+        edited = [next(name for name, target in FIELDS.items() if target == event.input.id)]
+        if self.status_text and not self.status_text.startswith("applying"):
+            # What the status said (a review, a refusal, a result) was about the values before this edit.
+            self._status(self._opening_status(), ok=None)
+            edited = list(FIELDS)  # the server's messages go; each field's own check stays
+        for field in edited:
+            error = check_whole(LABELS[field], self.query_one(f"#{FIELDS[field]}", Input).value)
+            self.query_one(f"#{FIELDS[field]}-error", Static).update(Text(error))
+            if error:
+                self.shown_violations[field] = error
+            else:
+                self.shown_violations.pop(field, None)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.action_apply()
