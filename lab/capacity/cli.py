@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.executor import presets
 from engine.executor.presets import DEFAULT_PRESET, CostPreset, RankWork, preset_named, preset_names
 from engine.policies.registry import POLICIES
 from lab.capacity.probe import Slo
@@ -158,9 +159,11 @@ def steepness(preset: CostPreset) -> float:
 
 
 def preset_notes(names: Sequence[str]) -> list[str]:
-    """One line per preset: its steepness, and which is the mildest and the steepest of the registered ones."""
+    """One line per preset: its steepness, and which is the mildest and the steepest registered one."""
     ranked = sorted(preset_names(), key=lambda name: steepness(preset_named(name)))
-    marks = {ranked[0]: " (the mildest registered preset)", ranked[-1]: " (the steepest registered preset)"}
+    mildest = getattr(presets, "MILDEST_PRESET", ranked[0])
+    steepest = getattr(presets, "STEEPEST_PRESET", ranked[-1])
+    marks = {mildest: " (the mildest preset)", steepest: " (the steepest preset)"}
     return [
         f"- `{name}`: a lone 1k prompt on one rank makes the round {steepness(preset_named(name)):.1f}x an all-decode "
         f"round{marks.get(name, '')}"
@@ -169,18 +172,23 @@ def preset_notes(names: Sequence[str]) -> list[str]:
     ]
 
 
-def _other_runs(chart_dir: Path, this: str, own: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """This run's records first, then every other full preset run's records found beside it."""
-    runs = {this: own}
-    for path in sorted(chart_dir.glob("capacity-*.json")):
-        if path.stem.endswith("-quick") or path.stem == f"capacity-{this}":
-            continue
+def _other_runs(lab_dir: Path, this: str, own: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """This run's records first, then every other preset's run found beside it (a full run over a quick one;
+    a quick one is labelled so)."""
+    runs: dict[str, list[dict[str, Any]]] = {this: own}
+    found: dict[str, tuple[bool, list[dict[str, Any]]]] = {}
+    for path in sorted(lab_dir.glob("capacity-*.json")):
         try:
             loaded = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(loaded, list) and loaded and isinstance(loaded[0], dict) and "preset" in loaded[0]:
-            runs[str(loaded[0]["preset"])] = loaded
+        if not (isinstance(loaded, list) and loaded and isinstance(loaded[0], dict) and "preset" in loaded[0]):
+            continue
+        preset, quick = str(loaded[0]["preset"]), bool(loaded[0].get("quick"))
+        if preset != this and (preset not in found or found[preset][0]):
+            found[preset] = (quick, loaded)
+    for preset, (quick, loaded) in sorted(found.items()):
+        runs[f"{preset} (quick)" if quick else preset] = loaded
     return runs
 
 
@@ -237,7 +245,7 @@ def capacity_main(ns: argparse.Namespace) -> int:
         quick=ns.quick,
         charts=chart_paths,
         other_presets=others if len(others) > 1 else None,
-        preset_notes=preset_notes(list(others)),
+        preset_notes=preset_notes([name.split(" ")[0] for name in others]),
     )
     note = run_note(ns, results, wall, load)
     target.write_text(text + note, encoding="utf-8")

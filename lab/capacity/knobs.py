@@ -11,8 +11,9 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
 - gate: A (`--prefill-attempt-interval`) and K (`--prefill-any-attempt-interval`), K >= A (C2).
 - local-interval: N (`--prefill-decode-interval`).
 - sglang-delayer: `max_delay_passes` (30).
-- atom-coalescer: `target_fill` (0.9) and `stall_ticks` (10); `max_queue_ms` too where the policy takes it
-  (ATOM's wall-clock queue guard, off by default upstream).
+- atom-coalescer: `target_fill` (0.9), `stall_ticks` (10) and `ttft_max_ticks` (200, the bound on its
+  alignment hold); `max_queue_ms` too where the policy takes it (ATOM's wall-clock queue guard, off by
+  default upstream).
 - vllm-cadence: `interval` (`--prefill-schedule-interval`; 1 is vLLM's default, off; #44558 recommends 2).
 - trtllm-balance: `timeout_iters` (50) and `batching_wait_iters` (10).
 - ungated, and any policy registered later without a space here: no knobs (one setting, its defaults).
@@ -26,7 +27,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import product
 
 from engine.config import PrefillDelay, ServerArgs
 from engine.policies.registry import POLICIES, make_policy, policy_args
@@ -85,13 +85,20 @@ def _gate_valid(setting: Knobs) -> bool:
 
 
 def _atom_space() -> KnobSpace:
+    # TTFT_MAX_TICKS bounds ATOM's alignment hold: at 200 ticks of ~30 ms a lone prompt can wait 6 s, so a
+    # TTFT bound of seconds needs it lower; it is swept with the fill target and the stall give-up.
     ladders: list[tuple[str, tuple[float, ...]]] = [
         ("stall_ticks", (1, 3, 10, 30)),
         ("target_fill", (0.1, 0.3, 0.6, 0.9)),
+        ("ttft_max_ticks", (12, 25, 50, 100, 200)),
     ]
-    default = {"stall_ticks": 10, "target_fill": 0.9}
-    coarse = [knobs(stall_ticks=s, target_fill=f) for f, s in product((0.3, 0.6, 0.9), (3, 10))]
-    quick = [knobs(stall_ticks=3, target_fill=0.3), knobs(**default)]
+    default = {"stall_ticks": 10, "target_fill": 0.9, "ttft_max_ticks": 200}
+    triples = ((0.9, 10, 50), (0.6, 10, 50), (0.3, 3, 50), (0.3, 3, 200))
+    coarse = [knobs(stall_ticks=s, target_fill=f, ttft_max_ticks=t) for f, s, t in triples]
+    quick = [
+        knobs(stall_ticks=3, target_fill=0.3, ttft_max_ticks=50),
+        knobs(stall_ticks=10, target_fill=0.9, ttft_max_ticks=50),
+    ]
     if "max_queue_ms" in inspect.signature(POLICIES["atom-coalescer"]).parameters:
         # ATOM's queue guard: off upstream (None); swept where the policy models it.
         ladders.append(("max_queue_ms", (0, 250, 500, 1000)))

@@ -152,14 +152,17 @@ def not_ahead_lines(results: Sequence[Result]) -> list[str]:
         if at_gate is not None and at_winner is not None:
             shares = (
                 f" At their capacities the gate ran {_pct(at_gate.extend_share)} of busy rounds on the extend path "
-                f"(ITL p99 {_s(at_gate.itl_p99_s, 3)} s), {peer[0]} {_pct(at_winner.extend_share)} (ITL p99 "
-                f"{_s(at_winner.itl_p99_s, 3)} s)."
+                f"({_itl(at_gate)}), {peer[0]} {_pct(at_winner.extend_share)} ({_itl(at_winner)})."
             )
         out.append(
             f"- **{label}**: the gate ({describe(gate.main.knobs or ())}) {how}. What stopped the gate at "
             f"{_rps(_failed_rps(gate))} req/s: {limit_text(failing_probe(gate), slo)}.{shares}"
         )
     return out
+
+
+def _itl(probe: Probe) -> str:
+    return "no decode" if probe.itl_p99_s is None else f"ITL p99 {_s(probe.itl_p99_s, 3)} s"
 
 
 def _failed_rps(result: Result) -> float | None:
@@ -356,8 +359,9 @@ def render(
         lines += [
             "## The headline under other presets (SIMULATED)",
             "",
-            "The gate's capacity over the best peer's, per preset run found beside this report "
-            "(`lab/capacity-<preset>.json`); how much the conclusion depends on the cost model.",
+            "The gate's capacity over the best peer's (req/s), per preset run found beside this report "
+            "(`lab/capacity-<preset>[-quick].json`, each made by the same command with `--preset`): how much the "
+            "conclusion depends on the cost model. A quick run is a smoke run: shorter windows, smaller grids.",
             *(["", *preset_notes] if preset_notes else []),
             "",
             headline_table(other_presets),
@@ -376,7 +380,8 @@ def render(
         ]
         if any(len(result.frontier) > 1 for result in row.values()):
             lines += [
-                "Capacity (req/s) against the TTFT bound (ITL bound fixed; knobs chosen per bound):",
+                "Capacity (req/s) against the TTFT bound (ITL bound fixed; each policy at the setting it reached its "
+                "capacity with under the main bound):",
                 "",
                 frontier_table(row),
                 "",
