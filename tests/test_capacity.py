@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -21,7 +23,7 @@ from lab.capacity.probe import Probe, backlogged, idle_prefill_seconds, run_prob
 from lab.capacity.report import capacity_table, records, render
 from lab.capacity.runner import CurvePoint, Result, Task
 from lab.capacity.search import Capacity, Searcher
-from lab.capacity.targets import target_of
+from lab.capacity.targets import target_of, trace_specs
 from lab.scenarios import scenario_names
 from workloads import Bursts, Fixed, Workload
 
@@ -183,6 +185,37 @@ def test_a_shape_offers_the_same_requests_sooner_at_a_higher_rate():
     assert (
         plan.warmup_end > 0 and not target.workload(2.0).due(plan.arrival_end + 1.0)[-1][1].arrival > plan.arrival_end
     )
+
+
+SHARED_TRACES = Path(os.environ.get("PREFILL_GATE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+AZURE = SHARED_TRACES / "traces" / "azure-llm-2023-conv.csv"
+
+
+@pytest.mark.skipif(not AZURE.is_file(), reason=f"shared trace not found at {AZURE} (set PREFILL_GATE_SHARED)")
+def test_a_trace_row_is_a_window_replayed_faster():
+    # A trace's load is its speed: the window (after warm-up) offers proportionally more requests per second and
+    # its arrivals end proportionally sooner; the window's requests are the same at every speed.
+    target = target_of(trace_specs((str(AZURE),), 0, True)[0])
+    assert target.load_unit == "x speed" and "trace seconds 600-720" in target.what
+    assert target.offered_rps(3.0) == pytest.approx(3 * target.offered_rps(1.0))
+    slow, fast = target.plan(1.0), target.plan(4.0)
+    assert fast.arrival_end == pytest.approx(slow.arrival_end / 4) and fast.max_requests == slow.max_requests
+    issued = target.workload(4.0).due(fast.arrival_end)
+    assert [s.prompt_len for _, s in issued] == [s.prompt_len for _, s in target.workload(1.0).due(slow.arrival_end)]
+    in_window = sum(1 for _, s in issued if s.arrival >= fast.warmup_end)
+    assert in_window == fast.max_requests and target.offered_rps(4.0) == pytest.approx(in_window / fast.window_s)
+
+
+def test_a_malformed_trace_is_one_line_naming_the_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47.0,x,1\n"
+    )
+    out = tmp_path / "out"
+    assert capacity_main(_ns("--scenarios", "--trace", str(bad), "--out", str(out))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("prefill-gate lab capacity: error: ") and f"{bad}:3" in err and len(err.splitlines()) == 1
+    assert not out.exists()
 
 
 # -- the report ------------------------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ gives fresh server arguments, a fresh workload at a load, and the probe `Plan` a
 stop, where the measured window starts, and the most requests and decode tokens the window can hold (for the
 early exit). Durations shrink with `--quick` (`QUICK_SCALE` of a scenario's; a shorter trace window).
 
-Traces: the window is `TRACE_START_S` to `TRACE_START_S + TRACE_WINDOW_S` of the trace's own clock (minutes
-10 to 25; the first minutes of a trace hold the backlog of requests that were already queued when
-recording began), replayed `speed` times faster; its first `TRACE_WARMUP_S` (trace seconds) are warm-up.
+Traces: the window is 10 minutes of the trace's own clock from `TRACE_START_S` (minutes 10 to 20: past the
+trace's first minutes, whose requests were already queued when recording began), replayed `speed` times
+faster; its first `TRACE_WARMUP_S` (trace seconds) are warm-up, the other `TRACE_WINDOW_S` are measured. A
+quick run replays two minutes.
 Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused on the rank that holds
 them, as SGLang's cache-aware router does).
 """
@@ -28,10 +29,10 @@ from workloads import Workload
 
 QUICK_SCALE = 0.3
 TRACE_START_S = 600.0
-TRACE_WINDOW_S = 900.0
-TRACE_WARMUP_S = 120.0
-QUICK_TRACE_WINDOW_S = 200.0
-QUICK_TRACE_WARMUP_S = 40.0
+TRACE_WINDOW_S = 540.0
+TRACE_WARMUP_S = 60.0
+QUICK_TRACE_WINDOW_S = 100.0
+QUICK_TRACE_WARMUP_S = 20.0
 TRACE_ROUTER = "prefix-affinity"
 # ~40 GB of FP8 MLA KV at ~40 KB per token (the figure engine/executor/presets.py uses): 1M tokens per rank.
 TRACE_KV_TOKENS = 1 << 20
