@@ -222,7 +222,9 @@ def test_a_malformed_trace_is_one_line_naming_the_line(tmp_path, capsys):
 
 
 def _probe(load: float, *, itl: float = 0.15, share: float = 0.1, cut: str | None = None) -> Probe:
-    return Probe(load, 100, load, 0.4, 0.3, itl, 1000.0, share, 0.0, 0, cut, Slo(), load * 0.99, 0.99, 10, 60.0, 0.1)
+    return Probe(
+        load, 100, load, 0.4, 0.3, itl, 1000.0, share, 0.12, 7.5, 0.0, 0, cut, Slo(), load * 0.99, 0.99, 10, 60.0, 0.1
+    )
 
 
 def _result(workload: str, policy: str, capacity: float, setting=(), *, broke: str | None = "itl") -> Result:

@@ -162,7 +162,11 @@ def not_ahead_lines(results: Sequence[Result]) -> list[str]:
 
 
 def _itl(probe: Probe) -> str:
-    return "no decode" if probe.itl_p99_s is None else f"ITL p99 {_s(probe.itl_p99_s, 3)} s"
+    itl = "no decode" if probe.itl_p99_s is None else f"ITL p99 {_s(probe.itl_p99_s, 3)} s"
+    if probe.extend_round_s is None or probe.ranks_per_extend is None:
+        return itl
+    rounds = f"extend rounds of {probe.extend_round_s * 1000:.0f} ms on average"
+    return f"{itl}; {rounds}, {probe.ranks_per_extend:.1f} ranks extending"
 
 
 def _failed_rps(result: Result) -> float | None:
@@ -176,14 +180,14 @@ def detail_table(row: Mapping[str, Result]) -> str:
     """Per policy at its capacity: the finishing probe's figures and what broke above it."""
     lines = [
         "| policy | capacity req/s | knobs | goodput req/s | TTFT p99 s | TTFT p99 net s | ITL p99 s | output tok/s "
-        "| extend share | above it (first failing load) | runs |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| extend share | extend round ms | ranks / extend round | above it (first failing load) | runs |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for policy, result in row.items():
         at, slo = result.main.at_capacity, result.main.slo
         above = limit_text(failing_probe(result), slo)
         if at is None:
-            lines.append(f"| {policy} | 0 | - | - | - | - | - | - | - | {above} | {result.runs} |")
+            lines.append(f"| {policy} | 0 | - | - | - | - | - | - | - | - | - | {above} | {result.runs} |")
             continue
         cells = [
             _rps(capacity_of(result)),
@@ -194,6 +198,8 @@ def detail_table(row: Mapping[str, Result]) -> str:
             _s(at.itl_p99_s, 3),
             f"{at.output_tok_s:.0f}",
             _pct(at.extend_share),
+            "-" if at.extend_round_s is None else f"{at.extend_round_s * 1000:.0f}",
+            _s(at.ranks_per_extend, 1),
             above,
             str(result.runs),
         ]
@@ -265,6 +271,8 @@ def records(results: Sequence[Result], preset: str) -> list[dict[str, Any]]:
                 "itl_p99_s": at.itl_p99_s if at else None,
                 "output_tok_s": at.output_tok_s if at else None,
                 "extend_share": at.extend_share if at else None,
+                "extend_round_s": at.extend_round_s if at else None,
+                "ranks_per_extend": at.ranks_per_extend if at else None,
                 "frontier": [
                     {"ttft_p99_s": bound, "capacity_rps": rps, "knobs": dict(s) if s is not None else None}
                     for bound, rps, s in result.frontier
