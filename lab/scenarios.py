@@ -153,16 +153,57 @@ LONG_ISL = 60_000
 LONG_BUDGET = 8192
 
 
-def _long_chunked_offset(seed: int, load: float, until: float | None) -> Workload:
-    """Closed loop of `load` clients (two per rank at the nominal 16, sticky), ISL 60k, OSL 1; rank 1's first
-    prompts are one chunk shorter, so rank 1 runs a chunk out of phase with its peers from the start
-    (sglang#35241's divergence by whole chunks)."""
+def long_chunked_offset_workload(
+    seed: int, load: float = 16.0, until: float | None = None, offset: bool = True
+) -> Workload:
+    """Closed loop of `load` clients, ISL 60k, OSL 1, with non-sticky routing (each new prompt goes to the
+    next rank in turn, so a rank's queue can run dry); with `offset`, rank 1's first prompts are one chunk
+    shorter, so rank 1 starts a whole chunk out of phase with its peers (sglang#35241's divergence).
+    `offset=False` is the healthy twin."""
     clients = max(1, round(load))
     shorter = LONG_ISL - LONG_BUDGET
-    # Clients s, s + 8, ... land on rank s (round-robin, sticky).
-    firsts = {client: shorter for client in range(1, clients, DP_SIZE)}
+    # The first prompts go round-robin in client order: clients s, s + 8, ... land on rank s.
+    firsts = {client: shorter for client in range(1, clients, DP_SIZE)} if offset else {}
     loop = ClosedLoop(clients, first_prompt_lens=firsts)
-    return Workload(loop, dp_size=DP_SIZE, prompt=Fixed(LONG_ISL), output=Fixed(1), seed=seed, until=until)
+    return Workload(
+        loop,
+        dp_size=DP_SIZE,
+        prompt=Fixed(LONG_ISL),
+        output=Fixed(1),
+        sticky_sessions=False,
+        seed=seed,
+        until=until,
+    )
+
+
+def _long_chunked_offset(seed: int, load: float, until: float | None) -> Workload:
+    """sglang#35241's ranks a chunk out of phase: a control, because the simulator cannot show its loop.
+
+    The report (DeepSeek-V4-Pro, DP8 with DP attention, 16k effective chunks, ~60k-token prompts, the
+    PrefillDelayer on): runs that start with ranks a whole chunk apart stay apart and reach 0.65-0.83x of
+    the healthy input throughput. The ingredients it names are here (per-rank queues that can run dry,
+    non-sticky routing, long prompts in whole chunks) except a prefill attention cost that grows with the
+    context, and the loop still cannot appear, for three reasons:
+
+    1. SGLang negotiates on the flags of the pass it is scheduling: a rank whose last chunk leaves part of
+       the budget free is prefillable in that very pass, so the ranks that finish a chunk later start their
+       next prompt with a partial chunk and stay staggered, and the rank ahead sits out MIXED passes. Our
+       engine has one all-gather per round, after the plan (R2): `sglang-delayer` decides on the previous
+       round's rows, where a rank with a resident chunk is never prefillable. After one held round every
+       rank is prefillable at once (ALL) and the group re-aligns on the first cycle.
+    2. With two closed-loop clients per rank and 60k-token prompts every rank always has a full budget of
+       prompt tokens, so for every other policy a stagger costs nothing: each rank extends 8192 tokens every
+       round whichever prompt they belong to.
+    3. The cost model has no context term. sglang#35241's own figures bound it for its model: a 16k chunk
+       every p50 1.397 s, p95 1.535 s, across offsets 0 to 48k (V4-Pro's sparse attention), so a one-chunk
+       stagger could cost a round at most ~10%, not 17-35%.
+
+    Measured (SIMULATED, default preset, 300 virtual seconds, bench/results/peer_fidelity.md): offset over
+    healthy input throughput 0.999 for sglang-delayer (1.000 with `allow_on_none`), 1.000 for ungated and
+    gate; with 8, 12 or 24 clients instead of 16 at most 5% apart (ungated, 8 clients: 0.948). The scenario
+    stays as the control that a one-chunk stagger alone changes nothing here.
+    """
+    return long_chunked_offset_workload(seed, load, until)
 
 
 _DEFS: dict[str, _Def] = {
@@ -244,8 +285,10 @@ _DEFS: dict[str, _Def] = {
         _poisson(Fixed(LONG_ISL), Fixed(1)),
     ),
     "long-chunked-offset": _Def(
-        "closed loop, ISL 60k, OSL 1, rank 1 a chunk out of phase from the start; the load is the clients",
-        "whether a policy re-aligns ranks that diverged by whole chunks",
+        "closed loop, ISL 60k, OSL 1, non-sticky routing, rank 1 a chunk out of phase from the start; the load "
+        "is the clients",
+        "a control: sglang#35241's loop cannot appear on one gather per round (see its builder), so a "
+        "one-chunk stagger should change nothing",
         "sglang#35241",
         16.0,
         1000.0,

@@ -101,13 +101,20 @@ def test_sglang_policy_replays_the_table_on_rows(case: NegotiateCase):  # symbol
     assert (allow, policy.reason) == (case.allow, case.reason)
 
 
-def test_sglang_none_on_stale_rows_holds_without_counting():  # staleness adaptation: NONE = unseen arrivals
+def test_sglang_none_on_rows_a_round_old_holds_without_counting():  # what differs from SGLang (docstring)
     policy = SGLangDelayerPolicy(sim_args(dp_size=4))
-    assert not policy.decide(DECODING).allow_prefill and policy.reason == "unseen"  # no rows yet
-    assert not step(policy, [decoding(r) for r in range(4)]) and policy.reason == "unseen"
+    assert not policy.decide(DECODING).allow_prefill and policy.reason == "none"  # no rows yet
+    assert not step(policy, [decoding(r) for r in range(4)]) and policy.reason == "none"
     assert policy.counter == 0
     assert not step(policy, [waiting(0)] + [decoding(r) for r in (1, 2, 3)]) and policy.reason == "delay"
     assert policy.counter == 1
+
+
+def test_sglang_none_allows_when_asked_as_sglang_does():  # SGLang's NONE branch: "allow for simplicity"
+    policy = SGLangDelayerPolicy(sim_args(dp_size=4), allow_on_none=True)
+    assert policy.decide(DECODING).allow_prefill and policy.reason == "none"
+    assert step(policy, [decoding(r) for r in range(4)]) and policy.counter == 0
+    assert not step(policy, [waiting(0)] + [decoding(r) for r in (1, 2, 3)]) and policy.reason == "delay"
 
 
 def test_sglang_mixed_waits_max_delay_passes_minus_one_rounds():  # default max_delay_passes=30 (sglang#16269)

@@ -9,7 +9,7 @@ import pytest
 from engine.build import build_engine
 from engine.config import PrefillDelay, ServerArgs
 from engine.drivers.lockstep import LockstepDriver
-from engine.policies.registry import DEFAULT_LOCAL_INTERVAL, POLICIES, make_policy, policy_args
+from engine.policies.registry import DEFAULT_LOCAL_INTERVAL, MIXED_PREFILL_DECODE, POLICIES, make_policy, policy_args
 from engine.policy import LocalView
 from engine.request import Admitted, Finished
 from tests.helpers import req, sim_args
@@ -128,3 +128,12 @@ def test_every_policy_finishes_every_request_on_the_lockstep_driver(name: str): 
             else:
                 assert not any(isinstance(e, Admitted) for e in outcome.events)  # chunks only (sglang-delayer)
     assert (closed > 0) == (name != "ungated")
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_mixed_engines_run_their_peers_mixed(name: str):  # issue 11: vLLM and TRT-LLM batch prefill with decode
+    base = sim_args(dp_size=4, prefill_attempt_interval=4, prefill_any_attempt_interval=16)
+    assert not base.enable_mixed_prefill_decode
+    args = policy_args(name, base)
+    assert args.enable_mixed_prefill_decode == (name in MIXED_PREFILL_DECODE)
+    assert policy_args(name, base.replace(enable_mixed_prefill_decode=True)).enable_mixed_prefill_decode

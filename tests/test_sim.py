@@ -149,8 +149,8 @@ def test_one_extending_lone_prompt_is_many_decode_ticks_on_the_atom_preset():  #
 # -- run_sim ----------------------------------------------------------------------------------------------
 
 
-def small_workload(seed: int, limit: int | None = 120) -> Workload:
-    return Workload(Poisson(40.0), dp_size=8, prompt=Fixed(300), output=Fixed(40), seed=seed, limit=limit)
+def small_workload(seed: int, limit: int | None = 120, rate: float = 40.0) -> Workload:
+    return Workload(Poisson(rate), dp_size=8, prompt=Fixed(300), output=Fixed(40), seed=seed, limit=limit)
 
 
 def test_same_seed_same_summary_different_seed_different():  # determinism
@@ -206,8 +206,10 @@ def test_idle_skip_keeps_results_and_saves_rounds():  # an all-idle group skips 
 
 def test_policy_factory_replaces_the_configured_policy():  # the lab's injection seam
     args = eight_ranks(prefill_attempt_interval=4, prefill_any_attempt_interval=16)
-    gated, gated_extra = run_sim(args, small_workload(2))
-    ungated, ungated_extra = run_sim(args, small_workload(2), policy_factory=lambda rank, a: UngatedPolicy())
+    # 20 req/s: a few prompts arrive per extend round (~0.25 s on the default preset), so ungated rounds
+    # catch only some ranks with a prompt.
+    gated, gated_extra = run_sim(args, small_workload(2, rate=20.0))
+    ungated, ungated_extra = run_sim(args, small_workload(2, rate=20.0), policy_factory=lambda rank, a: UngatedPolicy())
     assert (gated_extra.policy, ungated_extra.policy) == ("gate", "ungated")
     assert gated.windows_all > 0 and ungated.windows_all == ungated.windows_any == 0
     # Batching prefill into windows runs fewer extend rounds with more ranks in each.

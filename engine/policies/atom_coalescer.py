@@ -7,8 +7,14 @@ Public sources (read for this module; restated, not copied):
   give-up; the first call fires.
 - https://github.com/ROCm/ATOM/pull/1670 - defaults retuned: TARGET_FILL 0.9, TTFT_MAX_TICKS 200,
   PARTIAL_MAX_TICKS 100, STALL_TICKS 10 (KV_HIGH_WATERMARK 0.9, TOKEN_USAGE_LOW_WATERMARK off).
-- `atom/model_engine/prefill_delayer.py` and `tests/test_prefill_delayer.py` (the cases that
-  `tests/test_peer_policies.py` replays).
+- https://github.com/ROCm/ATOM, `atom/model_engine/prefill_delayer.py`: `PrefillDelayer.should_allow_prefill`
+  (one `all_reduce(SUM)` of an int64 CPU buffer per tick: prefillable, pending tokens, running decode,
+  kv-high, kv-low, has-partial, queue-hot flags; then the first-call fire, the vacuous fire, the must-fire
+  bounds, the alignment gate, the fill target and the stall give-up in that order), `_fire` and `_reset`
+  (every fire resets hold ticks, stall count and the previous sum). The newest stored version adds an
+  eighth slot (a prefill ran on the previous tick) and a post-prefill `prefill_decode_interval`, default 0
+  (off); not modelled. `tests/test_prefill_delayer.py` holds the cases `tests/test_peer_policies.py`
+  replays.
 
 The rule, evaluated once per round on every rank from the same sums (so identical everywhere):
 first round fires; no prefillable rank fires (vacuous); must-fire when no rank decodes, when a

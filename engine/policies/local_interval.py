@@ -1,4 +1,13 @@
-"""L1, the local interval policy: per rank, no communication (`--prefill-decode-interval N`)."""
+"""L1, the local interval policy: per rank, no communication (`--prefill-decode-interval N`).
+
+L1 is this project's rule (SEMANTICS.md). The public knob it resembles (PEERS.md policy 3; restated, not
+copied): SGLang `--prefill-decode-interval N`, https://github.com/sgl-project/sglang/pull/35017,
+`python/sglang/srt/managers/scheduler.py` (`Scheduler.get_next_batch_to_run`): default 0 (off); after an
+EXTEND batch new prefill is deferred for the next N scheduler rounds; under DP attention the interval is
+armed from the MLP-sync all-gather's `is_extend_in_batch`, so every rank defers together after any rank
+extended. L1 differs on purpose: it counts the rank's own extends only, and a prompt that has waited N
+rounds is let through (its delay budget).
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,12 @@ clears the local one; for "local-interval" it sets the local interval (`DEFAULT_
 neither the caller nor `base` gives one) and clears the gate's; for every other policy it clears all
 three, so that no launch record claims a gate that did not run. Peers take their knobs as keyword
 overrides instead (`make_policy("atom-coalescer", args, rank, target_fill=0.7)`).
+
+The engines that mix prefill into their decode batches run mixed here too: `policy_args` turns on
+`enable_mixed_prefill_decode` for every policy in `MIXED_PREFILL_DECODE` (vLLM's scheduler always batches
+prefill chunks beside running decodes, vllm/v1/core/sched/scheduler.py; TensorRT-LLM's inflight batching
+schedules context and generation requests in one batch), so a runner needs no special case. The others keep
+what `base` says (SGLang, ATOM and this project run prefill and decode in separate rounds by default).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ def _local_interval(args: ServerArgs, rank: int, *, interval: int | None = None)
     return LocalIntervalPolicy(interval or args.prefill_decode_interval or DEFAULT_LOCAL_INTERVAL, rank)
 
 
+# Policies whose engines run prefill inside decode batches (mixed rounds).
+MIXED_PREFILL_DECODE = frozenset({"vllm-cadence", "trtllm-balance"})
+
 POLICIES: dict[str, PolicyFactory] = {
     "ungated": _ungated,
     "gate": _gate,
@@ -76,6 +85,8 @@ def policy_args(
 ) -> ServerArgs:
     """A validated copy of `base` configured for policy `name` (see the module docstring)."""
     _factory(name)
+    if name in MIXED_PREFILL_DECODE and not base.enable_mixed_prefill_decode:
+        base = base.replace(enable_mixed_prefill_decode=True)
     if name == "gate":
         delay = prefill_delay or base.prefill_delay
         if delay is None:

@@ -11,8 +11,20 @@ Public sources (read for this module; restated, not copied):
   (released as `wait_timeout`), and `max_prefill_bs` decayed by 0.998 per pass instead of a lifetime peak.
 - https://github.com/sgl-project/sglang/pull/31835 - prefillable is negotiated after the KV-budget
   admission checks: a rank that could not admit its head prompt is not prefillable.
-- `python/sglang/srt/managers/prefill_delayer.py` and `test/registered/scheduler/test_prefill_delayer.py`
-  (the negotiate table that `tests/test_peer_policies.py` replays).
+- https://github.com/sgl-project/sglang, `python/sglang/srt/managers/prefill_delayer.py`:
+  `PrefillDelayer._negotiate_should_allow_prefill_pure` (the status ALL/NONE/MIXED from the gathered
+  flags; the NONE branch allows, "it does not matter whether we allow or not"; the MIXED branch's
+  `delayed_count < max_delay_passes - 1` test and `wait_timeout`; the ALL branch's watermark valve and
+  `slot_trigger = max_running_requests - max(running_batch) < max(max_prefill_bs)` with
+  `skip_first_delayer`), `PrefillDelayer._gather_info` (one `all_gather_into_tensor` of five int64 per rank:
+  prefillable, watermark force-allow, running batch, max prefill batch, waiting queue length, on the CPU
+  group, inside the scheduling pass) and `PrefillDelayerSinglePassExecutor.negotiate_should_allow_prefill`
+  / `finalize` (at most one negotiation per pass; a pass that never asked negotiates with
+  `local_prefillable=False`). The newest stored version no longer caps the ALL branch's slot-trigger delay
+  by `max_delay_passes` ("slot_trigger is a hard capacity constraint ... must not be overridden by the
+  timeout"); this module keeps #32880's cap, as PEERS.md describes the policy.
+- `test/registered/scheduler/test_prefill_delayer.py` (the negotiate table that `tests/test_peer_policies.py`
+  replays).
 
 The rule (one group decision per round, identical on every rank):
 
@@ -45,12 +57,28 @@ rows one round old, like the gate - SGLang negotiates on fresh values inside the
   (https://github.com/sgl-project/sglang/pull/23189), which is opt-in (`--prefill-delayer-queue-min-ratio`)
   and not modelled here.
 
-Adapting the rule to rows one round old (sources silent): SGLang allows on NONE "for simplicity",
-because with fresh flags nobody has anything to prefill and the answer does not matter. On our rows NONE
-means no rank *was* prefillable a round ago, so anything prefillable now arrived since and is unseen;
-allowing would admit every lone arrival at once, which fresh SGLang would classify MIXED and delay. The
-policy therefore holds on NONE (reason "unseen") without counting a delay pass, and also before the
-first gather (no rows). `negotiate` below is SGLang's rule itself, as its tests state it.
+What differs from SGLang, and why NONE holds here by default. SGLang gathers its flags inside the
+scheduling pass, after the pass has taken in new requests: it decides on the current state. Our engine has
+one all-gather per round, after the plan (R2), so every rank decides round r+1 on the rows of round r: the
+state after round r's plan, before round r+1's intake. Exactly what the rows miss: requests that arrived
+since the gather (and storage reads that completed), and slots freed by round r's finishes. Everything
+else SGLang gathers is in the rows. The round structure therefore forbids deciding on the current state
+(another collective before the plan would be needed, which R2 excludes).
+
+On those rows SGLang's literal NONE rule (allow) never lets a prompt be seen waiting: a prompt that arrives
+into a group whose rows said NONE is admitted by its rank's next plan, so no later row shows it prefillable,
+MIXED never occurs and the delayer never delays; it becomes `ungated`. Measured (bench/results/
+peer_fidelity.md, SIMULATED, default preset, scale 0.3): with `allow_on_none=True` the policy gives exactly
+ungated's figures on long-chunked (219 extend rounds), long-chunked-offset and osl-variance (206 extend
+rounds, 1.64 ranks per extend round) and nearly on scattered (extend share 0.43 against ungated's 0.44,
+TTFT p99 15.9 s). Holding on NONE (the default, `allow_on_none=False`, reason "none", no delay pass
+counted) applies SGLang's rule one round late instead: the arrival is seen in the next rows and MIXED or
+ALL decide as in SGLang. Its cost is that round: on long-chunked, whose closed-loop prompts all arrive into
+NONE rows, 236 extend rounds against 219 (+7.8%) at 49.4k against 49.6k prompt tokens/s; where arrivals
+meet other ranks' work it is what keeps the delayer a delayer (scattered: extend share 0.18, 7.98 ranks
+per extend round, TTFT p99 1.3 s; osl-variance: 76 extend rounds, 7.86 ranks per extend round). Before the
+first gather there are no rows: NONE, handled the same way. `negotiate` below is SGLang's rule itself
+(NONE allows), as its tests state it; the lab may sweep `allow_on_none` to show both.
 """
 
 from __future__ import annotations
@@ -128,6 +156,7 @@ class SGLangDelayerPolicy(PrefillPolicy):
         max_delay_passes: int = MAX_DELAY_PASSES,
         token_usage_low_watermark: float | None = None,
         max_prefill_bs_decay: float = MAX_PREFILL_BS_DECAY,
+        allow_on_none: bool = False,
     ) -> None:
         if max_delay_passes < 1:
             raise ValueError(f"max_delay_passes must be >= 1, got {max_delay_passes}")
@@ -138,6 +167,7 @@ class SGLangDelayerPolicy(PrefillPolicy):
         self.max_delay_passes = max_delay_passes
         self.token_usage_low_watermark = token_usage_low_watermark
         self.decay = max_prefill_bs_decay
+        self.allow_on_none = allow_on_none
         self.rows: tuple[Row, ...] | None = None
         self.max_prefill_bs: list[float] = []
         self.delayed: int | None = None
@@ -171,9 +201,9 @@ class SGLangDelayerPolicy(PrefillPolicy):
 
     def _decide(self) -> bool:
         rows = self.rows
-        if rows is None:
-            self.reason = "unseen"
-            return False
+        if rows is None:  # before the first gather: NONE on no rows (see the module docstring)
+            self.reason = "none"
+            return self.allow_on_none
         prefillable = [self.prefillable(row) for row in rows]
         low = self.token_usage_low_watermark
         outcome = negotiate(
@@ -188,7 +218,7 @@ class SGLangDelayerPolicy(PrefillPolicy):
         )
         self.delayed, self.skip_first = outcome.delayed, outcome.skip_first
         if outcome.reason == "":
-            self.reason = "unseen"  # NONE on rows a round old: see the module docstring
-            return False
+            self.reason = "none"  # SGLang allows; on rows a round old we hold by default (module docstring)
+            return self.allow_on_none
         self.reason = outcome.reason
         return outcome.allow

@@ -7,8 +7,15 @@ Public sources (read for this module; restated, not copied):
   together; bounded by a timeout.
 - https://nvidia.github.io/TensorRT-LLM/llm-api/reference/AttentionDpConfig.html - `AttentionDpConfig`
   (`enable_balance`, `timeout_iters=50`, `batching_wait_iters=10`).
-- `tensorrt_llm/_torch/pyexecutor/py_executor.py` (`PyExecutor._balance_adp_requests`): one
-  `tp_allgather` of `[num_ctx, num_gen, num_tokens]` per iteration.
+- https://github.com/NVIDIA/TensorRT-LLM, `tensorrt_llm/_torch/pyexecutor/py_executor.py`,
+  `PyExecutor._balance_adp_requests` (later moved unchanged into the scheduler as a `balance_adp_requests`
+  helper): one `dist.tp_allgather([num_scheduled_context_requests, num_scheduled_generation_requests,
+  num_scheduled_tokens])` per iteration; `all_ranks_have_free_ctx_slots` compares every rank's generation
+  count with `max_batch_size`; the `_adp_ctx_waiting_iters_count` / `_adp_ctx_batching_wait_iters_count`
+  counters against `attention_dp_time_out_iters` / `attention_dp_batching_wait_iters`.
+- The PyExecutor schedules context and generation requests into one batch (inflight batching): TensorRT-LLM
+  is a mixed engine, so the lab runs this policy with `enable_mixed_prefill_decode`
+  (`engine.policies.registry.MIXED_PREFILL_DECODE`).
 
 The rule, one group decision per round from the gathered counts:
 
