@@ -10,7 +10,8 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
 
 - gate: A (`--prefill-attempt-interval`) and K (`--prefill-any-attempt-interval`), K >= A (C2).
 - local-interval: N (`--prefill-decode-interval`).
-- sglang-delayer: `max_delay_passes` (30).
+- sglang-delayer: `max_delay_passes` (30) and `allow_on_none` (0: hold on NONE, the lab's default on rows
+  one round old; 1: allow, as SGLang does on fresh flags).
 - atom-coalescer: `target_fill` (0.9), `stall_ticks` (10) and `ttft_max_ticks` (200, the bound on its
   alignment hold); `max_queue_ms` too where the policy takes it (ATOM's wall-clock queue guard, off by
   default upstream).
@@ -113,7 +114,7 @@ SPACES: dict[str, KnobSpace] = {
     "gate": KnobSpace(
         (("A", (1, 2, 4, 8, 16, 32)), ("K", (2, 4, 8, 16, 32, 64, 128))),
         knobs(A=8, K=32),
-        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (2, 4), (2, 8), (4, 16), (8, 32), (16, 64))),
+        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (2, 8), (4, 16), (8, 32), (16, 64))),
         tuple(knobs(A=a, K=k) for a, k in ((1, 2), (4, 16))),
         _gate_valid,
     ),
@@ -121,10 +122,10 @@ SPACES: dict[str, KnobSpace] = {
         (("N", (1, 2, 4, 8, 16)),), knobs(N=4), (knobs(N=2), knobs(N=8)), (knobs(N=2), knobs(N=4))
     ),
     "sglang-delayer": KnobSpace(
-        (("max_delay_passes", (2, 5, 10, 30, 60, 120)),),
-        knobs(max_delay_passes=30),
-        (knobs(max_delay_passes=5), knobs(max_delay_passes=10), knobs(max_delay_passes=60)),
-        (knobs(max_delay_passes=5), knobs(max_delay_passes=30)),
+        (("allow_on_none", (0, 1)), ("max_delay_passes", (2, 5, 10, 30, 60, 120))),
+        knobs(allow_on_none=0, max_delay_passes=30),
+        tuple(knobs(allow_on_none=a, max_delay_passes=m) for a, m in ((0, 5), (0, 10), (0, 60), (1, 30), (1, 5))),
+        (knobs(allow_on_none=0, max_delay_passes=5), knobs(allow_on_none=1, max_delay_passes=30)),
     ),
     "atom-coalescer": _atom_space(),
     "vllm-cadence": KnobSpace(
@@ -164,6 +165,8 @@ def configure(policy: str, setting: Knobs, base: ServerArgs) -> tuple[ServerArgs
     if policy == "local-interval":
         args = policy_args(policy, base, decode_interval=int(values["N"]))
         return args, lambda rank, rank_args: make_policy(policy, rank_args, rank)
+    if "allow_on_none" in values:
+        values["allow_on_none"] = bool(values["allow_on_none"])
     if policy == "atom-coalescer" and values.get("max_queue_ms") == 0:
         values["max_queue_ms"] = None  # 0 on the ladder is the guard switched off, as upstream
     args = policy_args(policy, base)

@@ -23,7 +23,7 @@ from lab.capacity.search import Capacity, Searcher, best_capacity
 from lab.capacity.targets import TargetSpec, target_of
 
 # Fractions of the capacity at which a full run adds points to the TTFT-against-load curve.
-CURVE_FRACTIONS = (0.5, 0.75)
+CURVE_FRACTIONS = (0.5,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,11 @@ gives fresh server arguments, a fresh workload at a load, and the probe `Plan` a
 stop, where the measured window starts, and the most requests and decode tokens the window can hold (for the
 early exit). Durations shrink with `--quick` (`QUICK_SCALE` of a scenario's; a shorter trace window).
 
-Traces: the window is 10 minutes of the trace's own clock from `TRACE_START_S` (minutes 10 to 20: past the
+Traces: the window is 6 minutes of the trace's own clock from `TRACE_START_S` (minutes 10 to 16: past the
 trace's first minutes, whose requests were already queued when recording began), replayed `speed` times
 faster; its first `TRACE_WARMUP_S` (trace seconds) are warm-up, the other `TRACE_WINDOW_S` are measured. A
-quick run replays two minutes.
+quick run replays two minutes. Six minutes, not more, because a probe simulates the window at the speed it
+tries, and the full run must fit its budget on two cores (each trace row is as costly as all scenarios).
 Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused on the rank that holds
 them, as SGLang's cache-aware router does).
 """
@@ -29,7 +30,7 @@ from workloads import Workload
 
 QUICK_SCALE = 0.3
 TRACE_START_S = 600.0
-TRACE_WINDOW_S = 540.0
+TRACE_WINDOW_S = 300.0
 TRACE_WARMUP_S = 60.0
 QUICK_TRACE_WINDOW_S = 100.0
 QUICK_TRACE_WARMUP_S = 20.0
