@@ -21,7 +21,7 @@ from lab.capacity.cli import add_capacity_arguments, capacity_main
 from lab.capacity.knobs import SPACES, configure, describe, settings_of, space_of
 from lab.capacity.probe import Probe, backlogged, idle_prefill_seconds, run_probe
 from lab.capacity.report import capacity_table, records, render
-from lab.capacity.runner import CurvePoint, Result, Task
+from lab.capacity.runner import CurvePoint, Interrupted, Result, Task, run_tasks
 from lab.capacity.search import Capacity, Searcher
 from lab.capacity.targets import target_of, trace_specs
 from lab.scenarios import scenario_names
@@ -271,6 +271,19 @@ def test_report_opens_with_one_capacity_table_and_says_where_the_gate_is_behind(
     assert "TTFT <= 1 s" in rest and "## Method" in rest and "wall" not in text.lower()
 
 
+def test_autotune_is_no_peer_and_is_compared_with_the_best_static_gate_and_peer():
+    # gate-autotune beats vllm-cadence on scattered: still the gate's best *peer* is vllm-cadence, and the
+    # autotune paragraph gives its ratio to the best static gate and to that peer.
+    tuned = [*RESULTS, _result("scattered", "gate-autotune", 30.0, knobs(A=1, K=4))]
+    head = render(tuned, PRESET, "prefill-gate lab capacity", Slo(), quick=False).split("## Details")[0]
+    assert "| 0.83x (vllm-cadence) | 3.33x |" in head and "17% below vllm-cadence" in head
+    assert (
+        "**scattered**: gate-autotune holds 30.0 req/s, 1.50x of the best static gate (20.0 req/s at A=1 K=2), "
+        "1.25x of the best peer (vllm-cadence, 24.0 req/s)." in head
+    )
+    assert "**bursty**: gate-autotune" not in head  # no autotune result there, no line
+
+
 def test_records_hold_the_issue_fields_per_workload_and_policy():
     out = records(RESULTS, PRESET.name)
     assert len(out) == len(RESULTS)
@@ -345,3 +358,38 @@ def test_command_writes_report_json_and_charts(tmp_path, monkeypatch, capsys):
     assert capacity_main(_ns(*argv, "--out", str(out), "--quick", "--no-charts")) == 0
     assert (out / "lab" / "capacity-h200-dp8-ep8-quick.md").read_text().count("QUICK") >= 1
     assert (out / "lab.md").read_text() == report
+
+
+def test_an_interrupted_run_keeps_what_finished(monkeypatch):
+    # The second task is interrupted: the first one's result survives, in an Interrupted naming the total.
+    calls: list[Task] = []
+
+    def run_task(task: Task) -> Result:
+        calls.append(task)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return RESULTS[0]
+
+    monkeypatch.setattr("lab.capacity.runner.run_task", run_task)
+    tasks = [RESULTS[0].task, RESULTS[1].task, RESULTS[2].task]
+    with pytest.raises(Interrupted) as info:
+        run_tasks(tasks, jobs=1)
+    assert info.value.results == [RESULTS[0]] and info.value.total == 3 and len(calls) == 2
+
+
+def test_an_interrupted_command_writes_a_partial_report_and_fails(tmp_path, monkeypatch, capsys):
+    # Interrupted after two of six pairs: the report says PARTIAL, shows what finished, draws no ratio from an
+    # incomplete row, and the command does not end with the status of a success.
+    def interrupted(tasks, jobs):
+        raise Interrupted(RESULTS[:2], len(tasks))
+
+    monkeypatch.setattr("lab.capacity.cli.run_tasks", interrupted)
+    out = tmp_path / "results"
+    argv = ("--scenarios", "scattered", "bursty", "--policies", "ungated", "gate", "vllm-cadence", "--no-charts")
+    assert capacity_main(_ns(*argv, "--out", str(out))) == 130
+    report = (out / "lab.md").read_text()
+    assert "**PARTIAL**" in report and "2 of 6 (workload, policy) pairs finished" in report
+    assert "| scattered | 6.00 (defaults) | 20.0 (A=1 K=2) |  | - | - |" in report and "| bursty |" not in report
+    assert "below vllm-cadence" not in report  # no comparison with a peer that never ran
+    assert len(json.loads((out / "lab" / "capacity-h200-dp8-ep8.json").read_text())) == 2
+    assert "PARTIAL" in capsys.readouterr().err

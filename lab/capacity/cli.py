@@ -9,7 +9,8 @@ A full run on the default preset writes `<out>/lab.md`; any other run writes `<o
 records as `<out>/lab/capacity-<preset>[-quick].json` (the report of the default preset shows the headline of
 every other full preset run found there) and, unless `--no-charts`, one PNG per workload under
 `<out>/lab/capacity-<preset>[-quick]/`. Bad input ends with a one-line error and exit status 2, never a
-traceback, before any run starts.
+traceback, before any run starts. A run interrupted by SIGINT or SIGTERM still writes its report and records
+for the pairs that finished, labelled PARTIAL, and exits 130.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -30,7 +32,7 @@ from engine.executor.presets import DEFAULT_PRESET, CostPreset, RankWork, preset
 from engine.policies.registry import POLICIES
 from lab.capacity.probe import Slo
 from lab.capacity.report import by_workload, records, render
-from lab.capacity.runner import Result, Task, run_tasks
+from lab.capacity.runner import Interrupted, Result, Task, run_tasks
 from lab.capacity.targets import scenario_specs, trace_specs
 from lab.runner import default_jobs
 from lab.scenarios import scenario_names
@@ -220,8 +222,18 @@ def capacity_main(ns: argparse.Namespace) -> int:
     lab_dir = out / "lab"
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    results = run_tasks(tasks, ns.jobs)
+    interrupted: Interrupted | None = None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the run as SIGINT does
+    try:
+        results = run_tasks(tasks, ns.jobs)
+    except Interrupted as stop:
+        interrupted, results = stop, stop.results
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     wall = time.perf_counter() - started
+    if interrupted is not None and not results:
+        print(f"{PROG}: interrupted before any pair finished; nothing written", file=sys.stderr)
+        return 130
     own = records(results, preset.name)
     lab_dir.mkdir(parents=True, exist_ok=True)
     (lab_dir / f"{stem}.json").write_text(json.dumps(own, indent=1) + "\n", encoding="utf-8")
@@ -246,11 +258,16 @@ def capacity_main(ns: argparse.Namespace) -> int:
         charts=chart_paths,
         other_presets=others if len(others) > 1 else None,
         preset_notes=preset_notes([name.split(" ")[0] for name in others]),
+        partial=None if interrupted is None else (len(results), interrupted.total),
+        policies=list(dict.fromkeys(task.policy for task in tasks)),
     )
     note = run_note(ns, results, wall, load)
     target.write_text(text + note, encoding="utf-8")
     print(text)
     print(note.strip(), file=sys.stderr)
+    if interrupted is not None:
+        print(f"{PROG}: {interrupted}; the report and records are PARTIAL", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -20,7 +20,10 @@ from lab.capacity.runner import Result
 from lab.capacity.search import FULL_STEP, QUICK_STEP
 
 GATE = "gate"
+AUTOTUNE = "gate-autotune"
 UNGATED = "ungated"
+# The gate, static or moved by the tuner: neither is a peer of the gate.
+GATES = (GATE, AUTOTUNE)
 
 
 def _rps(value: float | None) -> str:
@@ -52,6 +55,18 @@ def by_workload(results: Sequence[Result]) -> dict[str, dict[str, Result]]:
     return out
 
 
+def policies_of(results: Sequence[Result], asked: Sequence[str] | None = None) -> list[str]:
+    """The run's policies in order: those it was asked for (an interrupted run's results may lack some)."""
+    return list(asked) if asked is not None else list(dict.fromkeys(result.task.policy for result in results))
+
+
+def complete_rows(results: Sequence[Result], asked: Sequence[str] | None = None) -> dict[str, dict[str, Result]]:
+    """The workloads every policy of the run finished (all of them, unless the run was interrupted): the only
+    rows whose ratios and comparisons mean what they say."""
+    policies = set(policies_of(results, asked))
+    return {label: row for label, row in by_workload(results).items() if set(row) >= policies}
+
+
 def _cell(result: Result) -> str:
     main = result.main
     if main.capacity <= 0:
@@ -71,27 +86,30 @@ def _ratio_text(value: float | None) -> str:
 
 
 def best_peer(row: Mapping[str, Result]) -> tuple[str, float] | None:
-    """The peer (any policy but the gate) with the highest capacity; ties go to the first listed."""
-    peers = [(name, capacity_of(result)) for name, result in row.items() if name != GATE]
+    """The peer (any policy but the gate, static or autotuned) with the highest capacity; ties go to the first
+    listed."""
+    peers = [(name, capacity_of(result)) for name, result in row.items() if name not in GATES]
     return max(peers, key=lambda item: item[1]) if peers else None
 
 
-def capacity_table(results: Sequence[Result]) -> str:
-    """The one capacity table (module docstring)."""
+def capacity_table(results: Sequence[Result], asked: Sequence[str] | None = None) -> str:
+    """The one capacity table (module docstring); `asked`: the policies the run was asked for."""
     rows = by_workload(results)
-    policies = list(dict.fromkeys(result.task.policy for result in results))
+    whole = complete_rows(results, asked)
+    policies = policies_of(results, asked)
     lines = [
         "| workload | " + " | ".join(policies) + " | gate / best peer | gate / ungated |",
         "| --- |" + " ---: |" * (len(policies) + 2),
     ]
     for label, row in rows.items():
-        top = max((capacity_of(r) for r in row.values()), default=0.0)
+        # The best is in bold only where every policy finished.
+        top = max((capacity_of(r) for r in row.values()), default=0.0) if label in whole else 0.0
         cells = []
         for policy in policies:
             result = row.get(policy)
             text = "" if result is None else _cell(result)
             cells.append(f"**{text}**" if result is not None and top > 0 and capacity_of(result) == top else text)
-        gate = row.get(GATE)
+        gate = row.get(GATE) if label in whole else None
         peer = best_peer(row)
         vs_peer = _ratio_text(ratio(capacity_of(gate), peer[1])) if gate and peer else "-"
         if gate and peer and vs_peer != "-":
@@ -132,10 +150,10 @@ def failing_probe(result: Result) -> Probe | None:
     return None
 
 
-def not_ahead_lines(results: Sequence[Result]) -> list[str]:
+def not_ahead_lines(results: Sequence[Result], asked: Sequence[str] | None = None) -> list[str]:
     """Per workload where the gate is not ahead of every peer: by how much, and what broke for the gate."""
     out = []
-    for label, row in by_workload(results).items():
+    for label, row in complete_rows(results, asked).items():
         gate, peer = row.get(GATE), best_peer(row)
         if gate is None or peer is None or capacity_of(gate) > peer[1]:
             continue
@@ -158,6 +176,27 @@ def not_ahead_lines(results: Sequence[Result]) -> list[str]:
             f"- **{label}**: the gate ({describe(gate.main.knobs or ())}) {how}. What stopped the gate at "
             f"{_rps(_failed_rps(gate))} req/s: {limit_text(failing_probe(gate), slo)}.{shares}"
         )
+    return out
+
+
+def autotune_lines(results: Sequence[Result], asked: Sequence[str] | None = None) -> list[str]:
+    """Per workload with both: gate-autotune's capacity over the best static gate's and over the best peer's."""
+    out = []
+    for label, row in complete_rows(results, asked).items():
+        tuned, static, peer = row.get(AUTOTUNE), row.get(GATE), best_peer(row)
+        if tuned is None or (static is None and peer is None):
+            continue
+        value = capacity_of(tuned)
+        parts = [f"- **{label}**: gate-autotune holds {_rps(value)} req/s"]
+        if static is not None:
+            knobs = describe(static.main.knobs or ())
+            parts.append(
+                f"{_ratio_text(ratio(value, capacity_of(static)))} of the best static gate "
+                f"({_rps(capacity_of(static))} req/s at {knobs})"
+            )
+        if peer is not None:
+            parts.append(f"{_ratio_text(ratio(value, peer[1]))} of the best peer ({peer[0]}, {_rps(peer[1])} req/s)")
+        out.append(", ".join(parts) + ".")
     return out
 
 
@@ -237,7 +276,7 @@ def headline_table(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
         for preset in presets:
             rows = {rec["policy"]: rec for rec in runs[preset] if rec["workload"] == label}
             gate = rows.get(GATE)
-            peers = [(name, rec["capacity_rps"] or 0.0) for name, rec in rows.items() if name != GATE]
+            peers = [(name, rec["capacity_rps"] or 0.0) for name, rec in rows.items() if name not in GATES]
             if gate is None or not peers:
                 cells.append("-")
                 continue
@@ -338,8 +377,11 @@ def render(
     charts: Mapping[str, str] | None = None,
     other_presets: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     preset_notes: Sequence[str] = (),
+    partial: tuple[int, int] | None = None,
+    policies: Sequence[str] | None = None,
 ) -> str:
-    """The capacity report (module docstring)."""
+    """The capacity report (module docstring); `partial` (finished, total) labels an interrupted run's, and
+    `policies` (those asked for) keeps the columns of policies that never finished."""
     mode = "QUICK (shorter runs, smaller grids, coarser steps: a smoke run, not the measurement)" if quick else "full"
     lines = [
         f"# Capacity lab: goodput capacity per workload, every policy at its best (SIMULATED, preset {preset.name})",
@@ -348,21 +390,39 @@ def render(
         f"clock with the cost preset `{preset.name}` ({preset.hardware}; {preset.model}), not a measurement of "
         "that hardware.",
         "",
+        *(
+            [
+                f"**PARTIAL**: the run was interrupted; {partial[0]} of {partial[1]} (workload, policy) pairs "
+                "finished. A blank cell was not measured; a ratio or a sentence that needs a blank cell is left out.",
+                "",
+            ]
+            if partial
+            else []
+        ),
         f"## Capacity, req/s (SIMULATED, {preset.name}): TTFT p99 <= {slo.ttft_p99_s:g} s net of idle prefill, "
         f"ITL p99 <= {slo.itl_p99_s:g} s, no backlog",
         "",
         "Cells: the capacity in requests per second (for a trace also the replay speed) and the knobs that "
         "reached it, the best in bold; `>=` where the search's ceiling held. The last two columns are the gate's "
-        "capacity over the best peer's and over ungated's.",
+        "capacity over the best peer's and over ungated's (gate-autotune is the gate too, never its peer).",
         "",
-        capacity_table(results),
+        capacity_table(results, policies),
         "",
     ]
-    behind = not_ahead_lines(results)
+    behind = not_ahead_lines(results, policies)
     if behind:
         lines += ["Where the gate is not ahead of every peer:", "", *behind, ""]
     else:
         lines += ["The gate is ahead of every peer on every workload.", ""]
+    tuned = autotune_lines(results, policies)
+    if tuned:
+        lines += [
+            "gate-autotune (the gate from A=1, K=4, moved live by the tuner toward this SLO; docs/autotune.md) "
+            "against the gate at its best static (A, K) and against the best peer:",
+            "",
+            *tuned,
+            "",
+        ]
     if other_presets:
         lines += [
             "## The headline under other presets (SIMULATED)",

@@ -10,9 +10,9 @@ deterministic: `run_tasks` gives the same results whatever `jobs` is; only wall 
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 
@@ -118,18 +118,45 @@ def _point(offered, probe: Probe, slo: Slo) -> CurvePoint:
     )
 
 
+class Interrupted(Exception):
+    """The run was interrupted (SIGINT or SIGTERM) before every task finished; `results` holds the tasks that
+    did finish, in task order."""
+
+    def __init__(self, results: list[Result], total: int) -> None:
+        super().__init__(f"interrupted after {len(results)} of {total} tasks")
+        self.results = results
+        self.total = total
+
+
+def _ignore_interrupts() -> None:
+    # A worker leaves the interrupt to the parent, which keeps what finished and then ends the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_indexed(item: tuple[int, Task]) -> tuple[int, Result]:
+    return item[0], run_task(item[1])
+
+
 def run_tasks(tasks: Sequence[Task], jobs: int = 1) -> list[Result]:
-    """Every task; results in the order of `tasks` whatever `jobs` is."""
+    """Every task; results in the order of `tasks` whatever `jobs` is. A KeyboardInterrupt (SIGINT, or SIGTERM
+    where the caller maps it so) ends the workers and raises `Interrupted` with the tasks that finished."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
-    if jobs == 1 or len(tasks) <= 1:
-        return [run_task(task) for task in tasks]
-    # Longest first keeps both workers busy to the end; results are put back in task order.
-    order = sorted(range(len(tasks)), key=lambda i: -_cost_guess(tasks[i]))
-    # spawn, not fork: a forked worker can inherit a lock held by another thread of the parent.
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
-        done = dict(zip(order, pool.map(run_task, [tasks[i] for i in order], chunksize=1), strict=True))
+    done: dict[int, Result] = {}
+    try:
+        if jobs == 1 or len(tasks) <= 1:
+            for index, task in enumerate(tasks):
+                done[index] = run_task(task)
+        else:
+            # Longest first keeps both workers busy to the end; results are put back in task order.
+            order = sorted(range(len(tasks)), key=lambda i: -_cost_guess(tasks[i]))
+            # spawn, not fork: a forked worker can inherit a lock held by another thread of the parent.
+            context = multiprocessing.get_context("spawn")
+            with context.Pool(min(jobs, len(tasks)), initializer=_ignore_interrupts) as pool:  # exit: terminate
+                for index, result in pool.imap_unordered(_run_indexed, [(i, tasks[i]) for i in order], chunksize=1):
+                    done[index] = result
+    except KeyboardInterrupt:
+        raise Interrupted([done[i] for i in sorted(done)], len(tasks)) from None
     return [done[i] for i in range(len(tasks))]
 
 
