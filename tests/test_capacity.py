@@ -21,7 +21,7 @@ from lab.capacity.cli import add_capacity_arguments, capacity_main
 from lab.capacity.knobs import SPACES, configure, describe, settings_of, space_of
 from lab.capacity.probe import Probe, backlogged, idle_prefill_seconds, run_probe
 from lab.capacity.report import capacity_table, records, render
-from lab.capacity.runner import CurvePoint, Interrupted, Result, Task, run_tasks
+from lab.capacity.runner import CurvePoint, Interrupted, Result, Task, run_order, run_tasks
 from lab.capacity.search import Capacity, Searcher
 from lab.capacity.targets import target_of, trace_specs
 from lab.scenarios import scenario_names
@@ -393,3 +393,13 @@ def test_an_interrupted_command_writes_a_partial_report_and_fails(tmp_path, monk
     assert "below vllm-cadence" not in report  # no comparison with a peer that never ran
     assert len(json.loads((out / "lab" / "capacity-h200-dp8-ep8.json").read_text())) == 2
     assert "PARTIAL" in capsys.readouterr().err
+
+
+def test_tasks_run_workload_by_workload_costliest_first():
+    # Whole rows finish together (an interrupted run keeps whole rows); the trace row, costliest, goes first.
+    policies = ("ungated", "gate", "vllm-cadence")
+    specs = [TargetSpec("scenario", "scattered"), TargetSpec("trace", "x.csv"), TargetSpec("scenario", "bursty")]
+    tasks = [Task(spec, policy, PRESET.name, Slo()) for spec in specs for policy in policies]
+    rows = [tasks[i].spec.name for i in run_order(tasks)]
+    assert rows == ["x.csv"] * 3 + ["scattered"] * 3 + ["bursty"] * 3  # equal cost: the order given
+    assert tasks[run_order(tasks)[0]].policy == "gate"  # the largest grid of its row first

@@ -148,8 +148,7 @@ def run_tasks(tasks: Sequence[Task], jobs: int = 1) -> list[Result]:
             for index, task in enumerate(tasks):
                 done[index] = run_task(task)
         else:
-            # Longest first keeps both workers busy to the end; results are put back in task order.
-            order = sorted(range(len(tasks)), key=lambda i: -_cost_guess(tasks[i]))
+            order = run_order(tasks)
             # spawn, not fork: a forked worker can inherit a lock held by another thread of the parent.
             context = multiprocessing.get_context("spawn")
             with context.Pool(min(jobs, len(tasks)), initializer=_ignore_interrupts) as pool:  # exit: terminate
@@ -158,6 +157,16 @@ def run_tasks(tasks: Sequence[Task], jobs: int = 1) -> list[Result]:
     except KeyboardInterrupt:
         raise Interrupted([done[i] for i in sorted(done)], len(tasks)) from None
     return [done[i] for i in range(len(tasks))]
+
+
+def run_order(tasks: Sequence[Task]) -> list[int]:
+    """Task indices in the order they run: workload by workload, the costliest workload first, the costliest
+    task of a workload first. Whole workloads finish together, so an interrupted run still has whole rows; and
+    the longest tasks start early, so the workers stay busy to the end. Results are put back in task order."""
+    rows: dict[TargetSpec, float] = {}
+    for task in tasks:
+        rows[task.spec] = rows.get(task.spec, 0.0) + _cost_guess(task)
+    return sorted(range(len(tasks)), key=lambda i: (-rows[tasks[i].spec], -_cost_guess(tasks[i]), i))
 
 
 def _cost_guess(task: Task) -> float:
