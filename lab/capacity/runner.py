@@ -164,9 +164,13 @@ def run_order(tasks: Sequence[Task]) -> list[int]:
     task of a workload first. Whole workloads finish together, so an interrupted run still has whole rows; and
     the longest tasks start early, so the workers stay busy to the end. Results are put back in task order."""
     rows: dict[TargetSpec, float] = {}
-    for task in tasks:
+    first: dict[TargetSpec, int] = {}
+    for index, task in enumerate(tasks):
         rows[task.spec] = rows.get(task.spec, 0.0) + _cost_guess(task)
-    return sorted(range(len(tasks)), key=lambda i: (-rows[tasks[i].spec], -_cost_guess(tasks[i]), i))
+        first.setdefault(task.spec, index)
+    return sorted(
+        range(len(tasks)), key=lambda i: (-rows[tasks[i].spec], first[tasks[i].spec], -_cost_guess(tasks[i]), i)
+    )
 
 
 def _cost_guess(task: Task) -> float:
