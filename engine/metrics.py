@@ -161,6 +161,10 @@ class RunMetrics:
         self.submitted += len(arrivals)
         self._arrival.update(arrivals)
 
+    def arrival(self, rid: str) -> float | None:
+        """The arrival time of a submitted request that has not ended (None when unknown)."""
+        return self._arrival.get(rid)
+
     def add_record(self, record: RoundRecord) -> None:
         """One round record (rank 0's)."""
         self._version += 1

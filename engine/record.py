@@ -27,6 +27,10 @@ class RoundRecord:
     attempt_interval: int | None
     any_interval: int | None
     adopted_epoch: int | None = None  # a config epoch adopted after this round's gather (G1)
+    # Latency samples the ranks reported since the previous record, attached by whoever collects every
+    # rank's events (the controller, the lab); rank 0 alone does not know its peers'.
+    ttft: tuple[float, ...] = ()  # time to first token of each request whose first token came
+    itl: tuple[tuple[float, int], ...] = ()  # (seconds since the previous token, tokens that waited so long)
 
     @property
     def enabled(self) -> bool:

@@ -39,9 +39,11 @@ from engine.config import PrefillDelay, ServerArgs
 from engine.executor.presets import DEFAULT_PRESET, CostPreset, preset_named
 from engine.metrics import Summary
 from engine.policies.oracle import OracleRequest, decode_round_seconds_of, extend_rounds_per_rank, oracle_bound
-from engine.policies.registry import DEFAULT_LOCAL_INTERVAL, POLICIES, make_policy, policy_args
+from engine.policies.registry import DEFAULT_LOCAL_INTERVAL, make_policy, policy_args
+from engine.rank import RoundOutcome
 from engine.record import RoundRecord
 from engine.request import RequestSpec
+from lab.autotune import AUTOTUNE, COLD_START, FIXED_LOAD_SLO, LAB_POLICIES, LAB_TUNING, AutotunedGate
 from lab.phase import PhaseStats, PhaseTracker
 from lab.scenarios import scenario, scenario_names
 from lab.simrun import run_sim
@@ -119,9 +121,10 @@ def check_names(scenarios: Iterable[str], policies: Iterable[str], preset: str) 
         if name not in known_scenarios:
             raise ValueError(f"unknown scenario {name!r}; known scenarios: {', '.join(known_scenarios)}")
     for name in policies:
-        if name not in POLICIES:
+        if name not in LAB_POLICIES:
             raise ValueError(
-                f"unknown policy {name!r}; known policies: {', '.join(POLICIES)} (the oracle bound row is always shown)"
+                f"unknown policy {name!r}; known policies: {', '.join(LAB_POLICIES)} "
+                "(the oracle bound row is always shown)"
             )
     return preset_named(preset)
 
@@ -137,28 +140,34 @@ def run_cell(spec: CellSpec) -> Cell:
     sc = scenario(spec.scenario, seed=spec.seed, scale=spec.scale)
     cost = _preset(spec.preset)
     sim_preset = spec.preset if not spec.preset.endswith(".json") else cost.name
+    # gate-autotune: the gate on every rank, from a cold start, moved by a tuner reading the rounds.
+    client = AutotunedGate(COLD_START, LAB_TUNING).client(*FIXED_LOAD_SLO) if spec.policy == AUTOTUNE else None
+    policy = "gate" if client is not None else spec.policy
     args = policy_args(
-        spec.policy,
+        policy,
         sc.server_args(sim_preset=sim_preset),
-        prefill_delay=PrefillDelay(spec.attempt_interval, spec.any_interval),
+        prefill_delay=COLD_START if client is not None else PrefillDelay(spec.attempt_interval, spec.any_interval),
         decode_interval=spec.local_interval,
     )
     tracker = PhaseTracker(args.chunked_prefill_size, keep_series=spec.keeps_series)
     last: list[RoundRecord] = []
 
-    def observe(record: RoundRecord, outcomes: object) -> None:
+    def observe(record: RoundRecord, outcomes: Sequence[RoundOutcome]) -> None:
         tracker.observe(record)
         last[:] = [record]
+        if client is not None:
+            client.on_round(record, outcomes)
 
-    workload = _ArrivalLog(sc.workload())
+    workload = _ArrivalLog(client.wrap(sc.workload()) if client is not None else sc.workload())
     summary, extra = run_sim(
         args,
         workload,  # a Workload in all but name: it delegates everything
         rounds=sc.rounds,
         duration=sc.duration_s,
-        policy_factory=lambda rank, rank_args: make_policy(spec.policy, rank_args, rank),
+        policy_factory=lambda rank, rank_args: make_policy(policy, rank_args, rank),
         on_round=observe,
         preset=cost,
+        on_start=client.start if client is not None else None,
     )
     phase = tracker.stats()
     requests = extra.requests

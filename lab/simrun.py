@@ -67,13 +67,15 @@ def run_sim(
     preset: CostPreset | None = None,
     skip_idle: bool = True,
     stop_when: Callable[[], bool] | None = None,
+    on_start: Callable[[LockstepDriver], None] | None = None,
 ) -> tuple[Summary, SimExtra]:
     """Simulate `workload` on `args` (executor "sim") until done, `rounds` rounds or `duration` virtual seconds.
 
     `policy_factory(rank, args)` replaces the policy `args` configure (the lab's peers); `preset`
     replaces `args.sim_preset` (a calibrated preset); `on_round(record, outcomes)` sees every round;
     `stop_when()`, asked after every round, ends the run early (the capacity lab stops a run whose verdict
-    is already known).
+    is already known); `on_start(driver)` gets the driver before the first round (a client that proposes
+    config changes, G1).
     """
     if args.executor != "sim":
         raise ValueError(f"run_sim needs --executor sim, got {args.executor!r}")
@@ -83,6 +85,8 @@ def run_sim(
         raise ValueError("an endless workload (closed loop or open arrivals without a limit) needs rounds or duration")
     cost = preset if preset is not None else preset_named(args.sim_preset)
     driver = LockstepDriver(args, engine_factory=_factory(cost, policy_factory))
+    if on_start is not None:
+        on_start(driver)
     metrics = RunMetrics()
     size = args.dp_size
     requests = [0] * size

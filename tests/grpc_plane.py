@@ -60,13 +60,14 @@ async def serving(
     pace: float | None = 0.5,
     token: str | None = TOKEN,
     channel_options: list[tuple[str, Any]] | None = None,
+    port: int = 0,
     **options: Any,
 ) -> AsyncIterator[Served]:
-    """Start the engine, attach the control plane on port 0 (as `serve` does), and stop both after."""
+    """Start the engine, attach the control plane on `port` (0: a free one, as `serve` does), and stop both after."""
     backend = backend or SimBackend(args, None, pace=pace)
     controller = Controller(args, backend, stop_when_idle=False)
     await asyncio.get_running_loop().run_in_executor(None, controller.start)
-    plane = ControlPlane(controller, PlaneOptions(port=0, token=token, **options), out=io.StringIO())
+    plane = ControlPlane(controller, PlaneOptions(port=port, token=token, **options), out=io.StringIO())
     try:
         await plane.start()
     except BaseException:

@@ -158,7 +158,7 @@ def test_every_grid_setting_and_its_neighbours_configure(policy: str):
     assert full[0] == space.default and len(set(full)) == len(full)
     for setting in {*full, *settings_of(policy, quick=True), *(n for s in full for n in space.refine(s))}:
         args, factory = configure(policy, setting, base)
-        assert factory(0, args).name == policy
+        assert factory(0, args).name == ("gate" if policy == "gate-autotune" else policy)  # the tuner moves a gate
 
 
 def test_gate_neighbours_keep_k_at_least_a():

@@ -31,11 +31,14 @@ async def ctl(target: str, *argv: str) -> tuple[int, str, str]:
 async def test_config_set_disable_and_their_errors(monkeypatch):
     async with serving(ARGS) as served:
         target = served.plane.target
-        assert await ctl(target, "config") == (0, "epoch 0  gate on  A=2 K=6  policy gate\n", "")
+        launch = "epoch 0  gate on  A=2 K=6  policy gate  launch: startup flags, A=2 K=6\n"
+        assert await ctl(target, "config") == (0, launch, "")
         code, out, err = await ctl(target, "--token", TOKEN, "set", "--attempt", "3", "--any", "9", "--validate-only")
-        assert (code, out) == (0, "valid (nothing changed): epoch 0  gate on  A=3 K=9  policy gate\n")
+        valid = "valid (nothing changed): epoch 0  gate on  A=3 K=9  policy gate  operator: A 2->3, K 6->9\n"
+        assert (code, out) == (0, valid)
         code, out, _ = await ctl(target, "--token", TOKEN, "set", "--attempt", "3", "--any", "9")
-        assert code == 0 and out.startswith("adopted by every rank after round ") and "epoch 1  gate on  A=3 K=9" in out
+        assert code == 0 and out.startswith("adopted by every rank after round ")
+        assert out.endswith("epoch 1  gate on  A=3 K=9  policy gate  operator: A 2->3, K 6->9\n")
         code, out, err = await ctl(target, "--token", TOKEN, "set", "--attempt", "-1", "--any", "0")
         assert code == 1 and out == ""
         assert err.splitlines()[0].startswith("error: INVALID_ARGUMENT: ")
@@ -53,8 +56,10 @@ async def test_config_set_disable_and_their_errors(monkeypatch):
         code, _, err = await ctl(target, "disable")
         assert code == 1 and err.startswith("error: PERMISSION_DENIED")
         monkeypatch.setenv(TOKEN_ENV, TOKEN)
-        code, out, _ = await ctl(target, "disable", "--expected-epoch", "1")
-        assert code == 0 and "epoch 2  gate off  policy gate" in out
+        code, out, _ = await ctl(target, "disable", "--expected-epoch", "1", "--reason", "quiet night")
+        assert code == 0 and out.endswith("epoch 2  gate off  policy gate  by operator: quiet night\n")
+        code, out, _ = await ctl(target, "config")
+        assert out == "epoch 2  gate off  policy gate  by operator: quiet night\n"
         assert "Traceback" not in err
 
 

@@ -27,8 +27,13 @@ def unfilled(records: list[pb.RoundRecord]) -> set[str]:
     """Fields never seen with a non-default value; enums must show every value."""
     missing = {f"RoundRecord.{f.name}" for f in pb.RoundRecord.DESCRIPTOR.fields}
     missing |= {f"RankRow.{f.name}" for f in pb.RankRow.DESCRIPTOR.fields}
+    configs = ("config", "adopted_config")  # who made a config and why travels in both (changed_by, reason)
+    missing |= {f"RoundRecord.{c}.{f.name}" for c in configs for f in pb.GateConfig.DESCRIPTOR.fields}
     for record in records:
         missing -= {f"RoundRecord.{f.name}" for f in pb.RoundRecord.DESCRIPTOR.fields if filled(record, f)}
+        for c in configs:
+            config = getattr(record, c)
+            missing -= {f"RoundRecord.{c}.{f.name}" for f in pb.GateConfig.DESCRIPTOR.fields if filled(config, f)}
         for row in record.ranks:
             missing -= {f"RankRow.{f.name}" for f in pb.RankRow.DESCRIPTOR.fields if filled(row, f)}
     points = {record.point for record in records}

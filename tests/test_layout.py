@@ -6,14 +6,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "workloads", "lab", "control", "console")
+PACKAGES = ("engine", "workloads", "tuner", "lab", "control", "console")
 # What each package may import from the project (besides itself and the generated protos).
 ALLOWED = {
     "engine": set(),
     "workloads": {"engine"},
-    "lab": {"engine", "workloads"},
-    "control": {"engine", "workloads", "lab", "console"},
-    "console": {"engine", "workloads", "lab", "control"},
+    "tuner": {"engine"},  # a pure core and a client of the contract (prefill_gate): no control/ inside
+    "lab": {"engine", "workloads", "tuner"},
+    "control": {"engine", "workloads", "tuner", "lab", "console"},
+    "console": {"engine", "workloads", "tuner", "lab", "control"},
 }
 
 

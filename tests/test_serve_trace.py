@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from control.cli import build_parser, main
-from control.host.serve import build_workload, load_trace_arg
+from control.host.serve import build_workload, describe_trace, load_trace_arg
 from engine.config import ServerArgs
 from tests.test_traces import AZURE, MOONCAKE, needs_shared
 
@@ -96,3 +96,22 @@ def test_malformed_trace_ends_with_one_line(tmp_path: Path, capfd, name: str, te
 def test_bad_trace_flags_are_refused(capfd, argv: list[str], message: str):
     code, _, err = run_here(["--dp-size", "2", *argv], capfd)
     assert code == 2 and message in err
+
+
+def test_opening_lines_say_when_hits_are_off_and_what_will_be_refused(tmp_path: Path):
+    lines = [
+        json.dumps({"timestamp": t, "input_length": n, "output_length": 2, "hash_ids": [0]})
+        for t, n in ((0, 500), (5, 300))
+    ]
+    lines.append(json.dumps({"timestamp": 9, "input_length": 5000, "output_length": 2, "hash_ids": list(range(10))}))
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    parser, _ = build_parser()
+    flags = ["--dp-size", "2", "--trace", str(path), "--prefix-cache-blocks", "0", "--kv-pages", "64"]
+    ns = parser.parse_args(["serve", "--executor", "sim", *flags])
+    args = ServerArgs.from_cli_args(ns)
+    data = load_trace_arg(ns)
+    assert data is not None
+    text = describe_trace(ns, data, args)
+    assert "give no hits here: --prefix-cache-blocks is 0" in text
+    assert "1 of the window's 3 requests need more than a rank's pool of 1,024 tokens" in text  # 64 pages x 16

@@ -69,6 +69,8 @@ class Workload:
             raise ValueError(f"limit must be >= 0, got {limit}")
         if vocab < 1:
             raise ValueError(f"vocab must be >= 1, got {vocab}")
+        if cache_blocks < 0:
+            raise ValueError(f"cache_blocks must be >= 0, got {cache_blocks}")
         self.dp_size = dp_size
         self.seed = seed
         self.limit = limit
@@ -144,14 +146,15 @@ class Workload:
         if len(current) != self.dp_size:
             raise ValueError(f"loads has {len(current)} entries for {self.dp_size} ranks")
         caches = self.prefix_caches
-        while self.next_arrival <= now:
+        while self.next_arrival <= now and self.next_arrival != math.inf:  # due(math.inf): every arrival, then stop
             arrival = self._arrivals.pop()
             blocks = arrival.blocks if caches is not None else None
             view = caches.view(blocks) if caches is not None and blocks else None
             rank = self._rank_for(arrival, current, view)
             cached = None
-            if view is not None and arrival.prefix_hit is None and arrival.prompt_len is not None:
-                cached = caches.hit(rank, blocks, arrival.prompt_len, view.matched[rank])  # type: ignore[union-attr,arg-type]
+            if caches is not None and blocks and view is not None and arrival.prefix_hit is None:
+                prompt_len = arrival.prompt_len if arrival.prompt_len is not None else 1
+                cached = caches.hit(rank, blocks, prompt_len, view.matched[rank])
             spec = self._spec(arrival, cached)
             current[rank] += 1
             self.in_flight_per_rank[rank] += 1

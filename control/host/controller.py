@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from control.host.backends import Backend, Polled, loads_of
 from control.plane.hub import RoundHub
@@ -34,12 +34,17 @@ from engine.request import (
     RequestSpec,
     Tokens,
 )
+from prefill_gate.convert import Origin
 
 # Proto field names of the admin request, by the flag a ServerArgs error names.
 FIELD_OF_FLAG = {ATTEMPT_FLAG: "attempt_interval", ANY_FLAG: "any_interval"}
 _FLAG_PATTERN = re.compile("|".join(re.escape(flag) + r"(?![-\w])" for flag in FIELD_OF_FLAG))
 
 Violations = list[tuple[str, str]]
+
+# Who made a config: the startup flags, a human (ctl, console, grpcurl) unless the caller names itself.
+LAUNCH, OPERATOR = "launch", "operator"
+MAX_CHANGED_BY, MAX_REASON = 64, 512
 
 
 class ConfigRejected(ValueError):
@@ -82,6 +87,7 @@ class ConfigView:
     epoch: int
     delay: PrefillDelay | None
     policy: str
+    origin: Origin | None = None  # who made it and why (None: not known to this controller)
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ class Controller:
         self.args = args
         self.backend = backend
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.hub = RoundHub(self.run_id, history)
+        self.hub = RoundHub(self.run_id, history, origin_of=self.origin_of)
         self.metrics = RunMetrics(max_samples=500_000)  # a server runs for days: percentiles of the recent past
         self.stall_after_s = stall_after_s
         self.duration = duration
@@ -134,7 +140,10 @@ class Controller:
         self.listeners: list[Listener] = []
         self.latest: RoundRecord | None = None
         self.policy = "gate" if args.prefill_decode_interval is None else "local-interval"
-        self.config = ConfigView(0, args.prefill_delay, self.policy)
+        self._origins: dict[int, Origin] = {0: Origin(LAUNCH, _launch_reason(args.prefill_delay, self.policy))}
+        self.config = ConfigView(0, args.prefill_delay, self.policy, self._origins[0])
+        self._ttft: list[float] = []  # latency samples not yet attached to a record
+        self._itl: list[tuple[float, int]] = []
         self._accepted_epoch = 0
         self._accepted_args = args
         self._waiters: dict[int, asyncio.Future[int]] = {}
@@ -186,13 +195,32 @@ class Controller:
             self.metrics.add_submitted(spec)
             self._live[spec.rid] = rank
         if polled.events:
+            self._ttft += self._ttfts(polled.events)
             self.metrics.add_events(polled.events)
             self._route_events(polled.events)
         if polled.itl:
             self.metrics.add_itl(polled.itl)
-        for record in polled.records:
-            self._on_record(record)
+            self._itl += polled.itl
+        if polled.records:
+            # The poll's samples ride its last record: they came at or before that round.
+            *earlier, last = polled.records
+            for record in earlier:
+                self._on_record(record)
+            self._on_record(replace(last, ttft=tuple(self._ttft), itl=tuple(self._itl)))
+            self._ttft, self._itl = [], []
         return polled
+
+    def _ttfts(self, events: list[RequestEvent]) -> list[float]:
+        """Time to first token of the first tokens among `events` (requests whose arrival is known)."""
+        out = []
+        for event in events:
+            if isinstance(event, FirstToken) and (arrival := self.metrics.arrival(event.rid)) is not None:
+                out.append(event.time - arrival)
+        return out
+
+    def origin_of(self, epoch: int) -> Origin | None:
+        """Who made config `epoch` and why (None for an epoch this controller never accepted)."""
+        return self._origins.get(epoch)
 
     def _on_record(self, record: RoundRecord) -> None:
         if self.state == "starting":
@@ -217,7 +245,7 @@ class Controller:
             epoch, adopted_round = record.config_epoch, record.round - 1
         else:
             return
-        self.config = ConfigView(epoch, delay, record.policy)
+        self.config = ConfigView(epoch, delay, record.policy, self._origins.get(epoch))
         for waiting in [e for e in self._waiters if e <= epoch]:
             waiter = self._waiters.pop(waiting)
             if not waiter.done():
@@ -336,25 +364,36 @@ class Controller:
         disable: bool = False,
         expected_epoch: int | None = None,
         validate_only: bool = False,
+        changed_by: str = "",
+        reason: str = "",
     ) -> IntervalUpdate:
-        """Validate, then have every rank adopt the change on the same round (G1)."""
+        """Validate, then have every rank adopt the change on the same round (G1).
+
+        `changed_by` (default "operator") and `reason` (default: what changed) travel with the config.
+        """
         if self._stop_requested or self.state == "stopped":
             raise Draining("the engine is draining")
+        violations = _origin_violations(changed_by, reason)
+        if violations:
+            raise ConfigRejected("; ".join(f"{name} {text}" for name, text in violations), violations)
         candidate = self.validate_intervals(attempt, any_, disable=disable)
         if expected_epoch is not None and expected_epoch != self._accepted_epoch:
             raise StaleEpoch(expected_epoch, self._accepted_epoch)
         delay = candidate.prefill_delay
+        changed_by = changed_by or OPERATOR
+        origin = Origin(changed_by, reason or _change_reason(changed_by, self._accepted_args.prefill_delay, delay))
         if validate_only:
-            view = ConfigView(self._accepted_epoch, delay, self.policy)
+            view = ConfigView(self._accepted_epoch, delay, self.policy, origin)
             return IntervalUpdate(view, self.latest.round if self.latest else 0, True)
         self._accepted_epoch += 1
         self._accepted_args = candidate
         epoch = self._accepted_epoch
+        self._origins[epoch] = origin  # before rank 0 can propose it: every record of the epoch finds it
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters[epoch] = waiter
         self.backend.propose(epoch, delay)
         adopted_round = await waiter
-        return IntervalUpdate(ConfigView(epoch, delay, self.policy), adopted_round, False)
+        return IntervalUpdate(ConfigView(epoch, delay, self.policy, origin), adopted_round, False)
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -404,6 +443,40 @@ class Controller:
             return False
         self.backend.abort(rank, rid)
         return True
+
+
+def _intervals(delay: PrefillDelay | None) -> str:
+    return f"A={delay.attempt_interval} K={delay.any_interval}" if delay else "gate off"
+
+
+def _launch_reason(delay: PrefillDelay | None, policy: str) -> str:
+    return f"{LAUNCH}: startup flags, " + (_intervals(delay) if policy == "gate" else f"policy {policy}")
+
+
+def _change_reason(changed_by: str, before: PrefillDelay | None, after: PrefillDelay | None) -> str:
+    """What a change does, for a caller that gave no reason: `operator: A 8->4, K 32->16`."""
+    if before is None or after is None:
+        return f"{changed_by}: {_intervals(before)} -> {_intervals(after)}"
+    moved = [
+        f"{name} {old}->{new}"
+        for name, old, new in (
+            ("A", before.attempt_interval, after.attempt_interval),
+            ("K", before.any_interval, after.any_interval),
+        )
+        if old != new
+    ]
+    return f"{changed_by}: " + (", ".join(moved) if moved else f"{_intervals(after)} again")
+
+
+def _origin_violations(changed_by: str, reason: str) -> Violations:
+    """A name and a reason must be short, printable, one line: they are shown on every surface."""
+    out: Violations = []
+    for name, value, limit in (("changed_by", changed_by, MAX_CHANGED_BY), ("reason", reason, MAX_REASON)):
+        if len(value) > limit:
+            out.append((name, f"must be at most {limit} characters, got {len(value)}"))
+        elif not value.isprintable():
+            out.append((name, "must be printable text on one line"))
+    return out
 
 
 def _delay_of(row: object) -> PrefillDelay | None:

@@ -189,6 +189,9 @@ def describe_trace(ns: argparse.Namespace, data: TraceData, args: ServerArgs) ->
         f"  replaying trace seconds {ns.trace_start:g} to {end} at {ns.trace_speed:g}x, "
         f"router {ns.routing or DEFAULT_TRACE_ROUTER}",
     ]
+    if data.block_tokens and (args.executor != "sim" or ns.prefix_cache_blocks == 0):
+        why = "--prefix-cache-blocks is 0" if args.executor == "sim" else "the torch executor has no storage tier"
+        lines.append(f"  note: the trace's prefix blocks give no hits here: {why}")
     capacity = args.kv_pages * args.page_size
     window = trace_window(data, speed=ns.trace_speed, start=ns.trace_start, duration=ns.trace_duration)
     too_long = sum(1 for a in window if (a.prompt_len or 0) + (a.output_len or 0) > capacity)

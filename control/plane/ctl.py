@@ -1,13 +1,13 @@
 """`prefill-gate ctl`: the control plane from a terminal.
 
     prefill-gate ctl --target HOST:PORT config
-    prefill-gate ctl set --attempt 2 --any 8 [--validate-only] [--expected-epoch E]
+    prefill-gate ctl set --attempt 2 --any 8 [--validate-only] [--expected-epoch E] [--reason TEXT]
     prefill-gate ctl disable
     prefill-gate ctl watch [--rank R ...] [--count N]        one compact line per round
     prefill-gate ctl submit --prompt-len 128 --output-len 32  (or --prompt 1,2,3)
     prefill-gate ctl snapshot [--json]
 
-The admin token comes from --token or $PREFILL_GATE_ADMIN_TOKEN. A refused call prints the server's
+The admin token comes from --token, --token-file or $PREFILL_GATE_ADMIN_TOKEN. A refused call prints the server's
 status and every field violation, and exits 1; nothing prints a traceback.
 """
 
@@ -49,9 +49,7 @@ def add_ctl_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="talk to a running engine's control plane",
         description="Read and change a running engine through its gRPC control plane.",
     )
-    ctl.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT (default: %(default)s)")
-    ctl.add_argument("--token", default=None, help=f"admin token for changes (default: ${TOKEN_ENV})")
-    ctl.add_argument("--tls-ca", default=None, metavar="FILE", help="PEM CA certificate: connect with TLS")
+    add_endpoint_args(ctl)
     ctl.add_argument("--timeout", type=float, default=30.0, help="seconds a unary call may take")
     commands = ctl.add_subparsers(dest="ctl_command", required=True, metavar="CTL_COMMAND")
     commands.add_parser("config", help="the gate config in force")
@@ -62,6 +60,7 @@ def add_ctl_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     for command in (change, disable):
         command.add_argument("--validate-only", action="store_true", help="validate, change nothing")
         command.add_argument("--expected-epoch", type=int, default=None, help="refuse unless this epoch is current")
+        command.add_argument("--reason", default="", help="why (shown with the config; default: what changed)")
     watch = commands.add_parser("watch", help="one compact line per round")
     watch.add_argument("--rank", type=int, action="append", default=[], help="show these ranks' rows (repeatable)")
     watch.add_argument("--from-round", type=int, default=None, help="resume from this round of the history")
@@ -83,9 +82,9 @@ def ctl_main(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     """Run one `ctl` command; returns the exit code (0 ok, 1 refused or unreachable, 130 interrupted)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    token = ns.token or os.environ.get(TOKEN_ENV) or None
     try:
-        channel = _channel(ns.target, ns.tls_ca, watch=ns.ctl_command == "watch")
+        token = admin_token(ns)
+        channel = open_channel(ns.target, ns.tls_ca, watch=ns.ctl_command == "watch")
     except OSError as exc:
         print(f"error: {exc}", file=err)
         return 1
@@ -126,19 +125,51 @@ def describe_error(exc: grpc.RpcError) -> str:
     return "\n".join(lines)
 
 
-def _channel(target: str, tls_ca: str | None, *, watch: bool) -> grpc.Channel:
+def add_endpoint_args(parser: argparse.ArgumentParser) -> None:
+    """--target, --token, --token-file and --tls-ca: how a client reaches the control plane (ctl, tune)."""
+    parser.add_argument("--target", default=f"127.0.0.1:{DEFAULT_PORT}", help="HOST:PORT (default: %(default)s)")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token", default=None, help=f"admin token for changes (default: ${TOKEN_ENV})")
+    token.add_argument("--token-file", default=None, metavar="FILE", help="read the admin token from FILE")
+    parser.add_argument("--tls-ca", default=None, metavar="FILE", help="PEM CA certificate: connect with TLS")
+
+
+def admin_token(ns: argparse.Namespace) -> str | None:
+    """The admin token from --token, --token-file (first line) or the environment; OSError for an unreadable file."""
+    if getattr(ns, "token_file", None):
+        with open(ns.token_file, encoding="utf-8") as handle:
+            token = handle.readline().strip()
+        if not token:
+            raise OSError(f"--token-file {ns.token_file} holds no token")
+        return token
+    return ns.token or os.environ.get(TOKEN_ENV) or None
+
+
+def open_channel(target: str, tls_ca: str | None, *, watch: bool, aio: bool = False) -> grpc.Channel:
+    """A channel to `target` (TLS with `tls_ca`); `watch` keeps stream buffers small; `aio` for asyncio."""
     options = list(FRESH_STREAM_OPTIONS) if watch else []
+    module = grpc.aio if aio else grpc
     if tls_ca is None:
-        return grpc.insecure_channel(target, options=options)
+        return module.insecure_channel(target, options=options)
     with open(tls_ca, "rb") as handle:
         credentials = grpc.ssl_channel_credentials(root_certificates=handle.read())
-    return grpc.secure_channel(target, credentials, options=options)
+    return module.secure_channel(target, credentials, options=options)
 
 
 def format_config(config: pb.GateConfig) -> str:
-    """`epoch 3  gate on  A=2 K=8  policy gate`."""
+    """`epoch 3  gate on  A=2 K=8  policy gate  by tuner: <reason>`."""
     gate = f"gate on  A={config.attempt_interval} K={config.any_interval}" if config.enabled else "gate off"
-    return f"epoch {config.epoch}  {gate}  policy {config.policy}"
+    return f"epoch {config.epoch}  {gate}  policy {config.policy}" + format_origin(config)
+
+
+def format_origin(config: pb.GateConfig) -> str:
+    """`  tuner: <why>` or `  by operator: <why>` (empty when the config does not say who made it)."""
+    by, reason = config.changed_by, config.reason
+    if not by:
+        return ""
+    if reason.startswith(f"{by}:"):
+        return f"  {reason}"
+    return f"  by {by}" + (f": {reason}" if reason else "")
 
 
 def format_round(record: pb.RoundRecord, *, rows: bool = False) -> str:
@@ -153,7 +184,7 @@ def format_round(record: pb.RoundRecord, *, rows: bool = False) -> str:
         f"{'decode' if record.all_decode_or_idle else 'extend'}  {record.round_seconds * 1e3:7.2f} ms  {gate}"
     )
     if record.adopted_epoch:
-        line += f"  adopted e{record.adopted_epoch}"
+        line += f"  adopted e{record.adopted_epoch}" + format_origin(record.adopted_config)
     if record.dropped_before:
         line += f"  (dropped {record.dropped_before})"
     for row in record.ranks if rows else ():
@@ -171,7 +202,7 @@ def _config(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, out:
 
 
 def _update(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, out: TextIO) -> None:
-    request = admin_pb2.UpdateIntervalsRequest(validate_only=ns.validate_only)
+    request = admin_pb2.UpdateIntervalsRequest(validate_only=ns.validate_only, reason=ns.reason)
     if ns.ctl_command == "disable":
         request.disable = True
     else:

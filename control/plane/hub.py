@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from engine.record import RoundRecord
-from prefill_gate.convert import round_record
+from prefill_gate.convert import OriginOf, round_record
 from prefill_gate.v1 import types_pb2 as pb
 
 DEFAULT_QUEUE = 1024
@@ -36,17 +36,18 @@ class OutOfHistory(LookupError):
 class _Entry:
     """A record with its protobuf form, built on first use and shared by every reader."""
 
-    __slots__ = ("_pb", "record", "run_id")
+    __slots__ = ("_pb", "origin_of", "record", "run_id")
 
-    def __init__(self, record: RoundRecord, run_id: str) -> None:
+    def __init__(self, record: RoundRecord, run_id: str, origin_of: OriginOf | None = None) -> None:
         self.record = record
         self.run_id = run_id
+        self.origin_of = origin_of
         self._pb: pb.RoundRecord | None = None
 
     @property
     def pb(self) -> pb.RoundRecord:
         if self._pb is None:
-            self._pb = round_record(self.record, self.run_id)
+            self._pb = round_record(self.record, self.run_id, self.origin_of)
         return self._pb
 
 
@@ -105,10 +106,11 @@ class Subscriber:
 class RoundHub:
     """History ring plus subscribers; all methods run on the controller's event loop."""
 
-    def __init__(self, run_id: str, history: int = 4096) -> None:
+    def __init__(self, run_id: str, history: int = 4096, origin_of: OriginOf | None = None) -> None:
         if history < 1:
             raise ValueError(f"history must hold at least one round, got {history}")
         self.run_id = run_id
+        self.origin_of = origin_of  # who made each config epoch and why, for the records' GateConfig
         self._history: deque[_Entry] = deque(maxlen=history)
         self._subscribers: set[Subscriber] = set()
         self._taps: list[Tap] = []
@@ -116,7 +118,7 @@ class RoundHub:
 
     def publish(self, record: RoundRecord) -> None:
         """Append a round; never blocks."""
-        entry = _Entry(record, self.run_id)
+        entry = _Entry(record, self.run_id, self.origin_of)
         self._history.append(entry)
         for subscriber in self._subscribers:
             subscriber.offer(entry)

@@ -86,6 +86,7 @@ def config_message(view: ConfigView) -> pb.GateConfig:
         delay.attempt_interval if delay else None,
         delay.any_interval if delay else None,
         view.policy,
+        view.origin,
     )
 
 
@@ -238,6 +239,8 @@ class GateAdmin(admin_pb2_grpc.GateAdminServicer):
                 disable=request.disable,
                 expected_epoch=request.expected_epoch if request.HasField("expected_epoch") else None,
                 validate_only=request.validate_only,
+                changed_by=request.changed_by,
+                reason=request.reason,
             )
         except ConfigRejected as exc:
             await abort_invalid(context, str(exc), exc.violations)

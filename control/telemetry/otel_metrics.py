@@ -17,6 +17,7 @@ run summary agree: windows and the extend path are counted on busy rounds only.
 | prefill_gate_itl_seconds                     | histogram |                  |
 | prefill_gate_occupancy                       | gauge     | dp_rank          |
 | prefill_gate_trace_spans_dropped_total       | counter   |                  |
+| prefill_gate_config_changes_total            | counter   | by               |
 
 Counters are summed per poll before they reach the SDK (an `add` costs ~5 us, a poll holds many
 rounds). ITL is one observation per group of a rank's requests whose tokens came the same time apart
@@ -40,6 +41,7 @@ from engine.gate import GatePoint
 from engine.record import RoundRecord
 from engine.request import Admitted, Finished, FirstToken, Refused, RequestSpec, Retracted
 from engine.rows import Row, all_idle
+from prefill_gate.convert import OriginOf
 
 WAIT_ROUND_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -69,6 +71,7 @@ class GateMetrics:
         export_timeout_s: float = 2.0,
         spans_dropped: Callable[[], int] | None = None,
         service_name: str = "prefill-gate",
+        origin_of: OriginOf | None = None,
     ) -> None:
         readers: list[MetricReader] = []
         self._server = None
@@ -112,6 +115,10 @@ class GateMetrics:
             "prefill_gate_retractions", "{request}", "Requests retracted to the host tier, by rank."
         )
         self.output_tokens = meter.create_counter("prefill_gate_output_tokens", "{token}", "Output tokens produced.")
+        self._origin_of = origin_of
+        self.config_changes = meter.create_counter(
+            "prefill_gate_config_changes", "{change}", "Config changes every rank adopted, by who made them."
+        )
         self.wait_rounds = meter.create_histogram(
             "prefill_gate_gate_wait_rounds",
             "{round}",
@@ -184,10 +191,14 @@ class GateMetrics:
     def _add_records(self, records: Sequence[RoundRecord]) -> None:
         rounds: Tally[tuple[str, str]] = Tally()
         windows: Tally[str] = Tally()
+        changes: Tally[str] = Tally()
         extend = 0
         for record in records:
             outcome = round_outcome(record)
             rounds[(record.point.name, outcome)] += 1
+            if record.adopted_epoch:
+                origin = self._origin_of(record.adopted_epoch) if self._origin_of is not None else None
+                changes[origin.changed_by if origin is not None else "unknown"] += 1
             if outcome == "idle":
                 continue  # as RunMetrics: an all-idle round opens no window and runs no forward (F2)
             if not record.all_decode_or_idle:
@@ -201,6 +212,8 @@ class GateMetrics:
             self.windows.add(count, {"point": point})
         if extend:
             self.extend_rounds.add(extend)
+        for by, count in changes.items():
+            self.config_changes.add(count, {"by": by})
 
     # -- observable instruments ----------------------------------------------------------------------
 

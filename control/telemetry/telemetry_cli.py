@@ -215,6 +215,7 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
             shared_shipper(settings.endpoint),
             dp_size=controller.backend.dp_size,
             virtual_clock=controller.args.executor == "sim",
+            origin_of=controller.origin_of,
         )
         sinks.append(tracer)
     if settings.metrics:
@@ -227,6 +228,7 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
             metrics_addr=settings.metrics_addr,
             otlp=settings.metrics_endpoint,
             spans_dropped=(lambda: trace_spans_dropped(controller)) if settings.tracing else None,
+            origin_of=controller.origin_of,
         )
         sinks.append(metrics)
     if sinks:

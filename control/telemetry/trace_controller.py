@@ -38,6 +38,7 @@ from control.telemetry.tracing import (
 )
 from engine.record import RoundRecord
 from engine.request import Admitted, ChunkPlanned, Finished, FirstToken, Refused, RequestSpec, Retracted
+from prefill_gate.convert import OriginOf
 
 MAX_LINKS = 64  # the first chunks and the earliest decode rounds; a long request would otherwise carry hundreds
 MAX_EVENTS = 128
@@ -84,8 +85,10 @@ class ControllerTracer:
         virtual_clock: bool,
         service_name: str = DEFAULT_SERVICE,
         request_spans_per_s: float = REQUEST_SPANS_PER_S,
+        origin_of: OriginOf | None = None,
     ) -> None:
         self.run_id = run_id
+        self.origin_of = origin_of  # who made a config epoch and why: the adoption round's span event
         self.sampler = RoundSampler(run_id, sample_rate)
         self.shipper = shipper
         self.counter = DropCounter()
@@ -215,9 +218,20 @@ class ControllerTracer:
         if record.adopted_epoch:
             attributes["gate.adopted_epoch"] = record.adopted_epoch
         root = span_context(context.trace_id, context.root_span_id)
-        span = make_span("round", root, None, self.resource, start, record.unix_nanos, attributes)
+        events = [self._adoption_event(record)] if record.adopted_epoch else []
+        span = make_span("round", root, None, self.resource, start, record.unix_nanos, attributes, events=events)
         if self.shipper.offer([span], self.counter):
             self.roots += 1
+
+    def _adoption_event(self, record: RoundRecord) -> Event:
+        """`gate.config_adopted`: the epoch every rank adopted after this round's gather, who made it and why."""
+        epoch = record.adopted_epoch or 0
+        origin = self.origin_of(epoch) if self.origin_of is not None else None
+        attributes: dict[str, object] = {"gate.config_epoch": epoch}
+        if origin is not None:
+            attributes["gate.changed_by"] = origin.changed_by
+            attributes["gate.reason"] = origin.reason
+        return Event("gate.config_adopted", attributes, record.unix_nanos)  # type: ignore[arg-type]
 
     def _wall_of_clock(self, clock: float) -> int:
         """Unix ns of an engine-clock time, interpolated between the records around it."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.executor import presets
 from engine.executor.presets import DEFAULT_PRESET, CostPreset, RankWork, preset_named, preset_names
-from engine.policies.registry import POLICIES
+from lab.autotune import LAB_POLICIES
 from lab.capacity.probe import Slo
 from lab.capacity.report import by_workload, records, render
 from lab.capacity.runner import Interrupted, Result, Task, run_tasks
@@ -57,9 +57,9 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         nargs="+",
-        default=list(POLICIES),
+        default=list(LAB_POLICIES),
         metavar="NAME",
-        help=f"policies (default all: {', '.join(POLICIES)})",
+        help=f"policies (default all: {', '.join(LAB_POLICIES)})",
     )
     parser.add_argument("--slo-ttft-p99", type=float, default=2.0, metavar="S", help="TTFT p99 bound, s (default 2)")
     parser.add_argument("--slo-itl-p99", type=float, default=0.2, metavar="S", help="ITL p99 bound, s (default 0.2)")
@@ -100,8 +100,8 @@ def tasks_of(ns: argparse.Namespace) -> tuple[list[Task], CostPreset]:
     preset = preset_named(ns.preset)
     policies = _names(ns.policies)
     for policy in policies:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; known policies: {', '.join(POLICIES)}")
+        if policy not in LAB_POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; known policies: {', '.join(LAB_POLICIES)}")
     specs = scenario_specs(_names(ns.scenarios), ns.seed, ns.quick)
     for path in ns.trace:
         if not Path(path).is_file():
@@ -135,7 +135,7 @@ def command_of(ns: argparse.Namespace) -> str:
         parts += ["--scenarios", *_names(ns.scenarios)]
     if ns.trace:
         parts += ["--trace", *ns.trace]
-    if _names(ns.policies) != tuple(POLICIES):
+    if _names(ns.policies) != tuple(LAB_POLICIES):
         parts += ["--policies", *_names(ns.policies)]
     for flag, value, default in (
         ("--slo-ttft-p99", ns.slo_ttft_p99, 2.0),

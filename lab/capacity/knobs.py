@@ -17,6 +17,8 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
   default upstream).
 - vllm-cadence: `interval` (`--prefill-schedule-interval`; 1 is vLLM's default, off; #44558 recommends 2).
 - trtllm-balance: `timeout_iters` (50) and `batching_wait_iters` (10).
+- gate-autotune: none swept. The tuner starts cold on the launch config A=8, K=32 and moves A and K itself
+  to the SLO being searched (lab/autotune.py): choosing them is its job.
 - ungated, and any policy registered later without a space here: no knobs (one setting, its defaults).
 
 To give a new policy knobs: add its `KnobSpace` to `SPACES` (its knob names are keyword arguments of its
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from engine.config import PrefillDelay, ServerArgs
 from engine.policies.registry import POLICIES, make_policy, policy_args
 from engine.policy import PrefillPolicy
+from lab.autotune import AUTOTUNE, COLD_START, LAB_POLICIES, LAB_TUNING, AutotunedGate
 
 Knobs = tuple[tuple[str, float], ...]
 PolicyFactory = Callable[[int, ServerArgs], PrefillPolicy]
@@ -142,13 +145,15 @@ SPACES: dict[str, KnobSpace] = {
     ),
 }
 
+SPACES[AUTOTUNE] = KnobSpace((), knobs(A=COLD_START.attempt_interval, K=COLD_START.any_interval), (), ())
+
 _NONE = KnobSpace((), (), (), ())
 
 
 def space_of(policy: str) -> KnobSpace:
     """The policy's knob space; a registered policy without one has no knobs."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known policies: {', '.join(POLICIES)}")
+    if policy not in LAB_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known policies: {', '.join(LAB_POLICIES)}")
     return SPACES.get(policy, _NONE)
 
 
@@ -159,6 +164,9 @@ def _int_if_whole(value: float) -> float | int:
 def configure(policy: str, setting: Knobs, base: ServerArgs) -> tuple[ServerArgs, PolicyFactory]:
     """Server arguments and a per-rank policy factory for `policy` at `setting` (ValueError on a bad one)."""
     values = {name: _int_if_whole(value) for name, value in setting}
+    if policy == AUTOTUNE:
+        tuned = AutotunedGate(PrefillDelay(int(values["A"]), int(values["K"])), LAB_TUNING)
+        return tuned.args(base), tuned
     if policy == "gate":
         args = policy_args("gate", base, prefill_delay=PrefillDelay(int(values["A"]), int(values["K"])))
         return args, lambda rank, rank_args: make_policy("gate", rank_args, rank)

@@ -47,6 +47,7 @@ from engine.policy import PrefillPolicy
 from engine.rank import RoundOutcome
 from engine.record import RoundRecord
 from engine.request import Finished, FirstToken, Refused, RequestSpec
+from lab.autotune import TunerClient
 from lab.simrun import run_sim
 from workloads import Workload
 
@@ -284,9 +285,11 @@ def run_probe(
     exit_slo: Slo | None = None,
     finish: bool = False,
     finish_cap_s: float = FINISH_CAP_S,
+    client: TunerClient | None = None,
 ) -> Probe:
     """Run one probe (module docstring); `slo` sets the per-request goodput judgement of a finishing run, which
-    gives up `finish_cap_s` after the last arrival (a request still decoding then is judged on its TTFT alone)."""
+    gives up `finish_cap_s` after the last arrival (a request still decoding then is judged on its TTFT alone).
+    `client` (gate-autotune's tuner) reads every round and may change the intervals during the run."""
     started = time.perf_counter()
     budget, ranks = args.chunked_prefill_size, args.dp_size
     floor_cache = cache(lambda tokens: idle_prefill_seconds(preset, tokens, budget, ranks))
@@ -307,16 +310,19 @@ def run_probe(
     def on_round(record: RoundRecord, outcomes: Sequence[RoundOutcome]) -> None:
         clock[0] = record.clock
         window.round(record, outcomes)
+        if client is not None:
+            client.on_round(record, outcomes)
 
     _, extra = run_sim(
         args,
-        _Logged(workload, window.issue),  # type: ignore[arg-type]
+        _Logged(client.wrap(workload) if client is not None else workload, window.issue),  # type: ignore[arg-type]
         # A backstop only: `stop` ends every run first unless a round lasts longer than the bound itself.
         duration=plan.arrival_end + max(finish_cap_s, DRAIN_S) + 3600.0,
         policy_factory=policy_factory,
         on_round=on_round,
         preset=preset,
         stop_when=stop,
+        on_start=client.start if client is not None else None,
     )
     return _figures(window, plan, slo, load, exit_slo, finish, extra.rounds, extra.sim_seconds, started)
 

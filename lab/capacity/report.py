@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.executor.presets import CostPreset
+from lab.autotune import AUTOTUNE, COLD_START
 from lab.capacity.knobs import describe, settings_of
 from lab.capacity.probe import DRAIN_S, Probe, Slo, backlogged
 from lab.capacity.runner import Result
 from lab.capacity.search import FULL_STEP, QUICK_STEP
 
 GATE = "gate"
-AUTOTUNE = "gate-autotune"
 UNGATED = "ungated"
 # The gate, static or moved by the tuner: neither is a peer of the gate.
 GATES = (GATE, AUTOTUNE)
@@ -417,8 +417,9 @@ def render(
     tuned = autotune_lines(results, policies)
     if tuned:
         lines += [
-            "gate-autotune (the gate from A=1, K=4, moved live by the tuner toward this SLO; docs/autotune.md) "
-            "against the gate at its best static (A, K) and against the best peer:",
+            f"{AUTOTUNE} (the gate launched at A={COLD_START.attempt_interval}, K={COLD_START.any_interval} and "
+            "moved live by the tuner toward this SLO; docs/autotune.md) against the gate at its best static (A, K) "
+            "and against the best peer:",
             "",
             *tuned,
             "",

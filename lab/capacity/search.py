@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.executor.presets import CostPreset
+from lab.autotune import AutotunedGate
 from lab.capacity.bisect import Lattice, Search, bisect_capacity
 from lab.capacity.knobs import Knobs, PolicyFactory, configure, space_of
 from lab.capacity.probe import FINISH_CAP_S, Probe, Slo, run_probe, verdict
@@ -102,6 +103,8 @@ class Searcher:
             exit_slo=None if finish else slo,
             finish=finish,
             finish_cap_s=QUICK_FINISH_CAP_S if self.quick else FINISH_CAP_S,
+            # gate-autotune: a fresh tuner per run, aiming at the SLO this search judges by.
+            client=factory.client(slo.ttft_p99_s, slo.itl_p99_s) if isinstance(factory, AutotunedGate) else None,
         )
         if cached is None or cached.cut_short is not None:
             self.probes[key] = probe

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from prefill_gate.v1 import types_pb2 as prefill__gate_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprefill_gate/v1/admin.proto\x12\x0fprefill_gate.v1\x1a\x1bprefill_gate/v1/types.proto\"\x12\n\x10GetConfigRequest\"\xd0\x01\n\x16UpdateIntervalsRequest\x12\x1d\n\x10\x61ttempt_interval\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x19\n\x0c\x61ny_interval\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x0f\n\x07\x64isable\x18\x03 \x01(\x08\x12\x1b\n\x0e\x65xpected_epoch\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x15\n\rvalidate_only\x18\x05 \x01(\x08\x42\x13\n\x11_attempt_intervalB\x0f\n\r_any_intervalB\x11\n\x0f_expected_epoch\"u\n\x17UpdateIntervalsResponse\x12+\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1b.prefill_gate.v1.GateConfig\x12\x15\n\radopted_round\x18\x02 \x01(\x04\x12\x16\n\x0evalidated_only\x18\x03 \x01(\x08\x32\xbe\x01\n\tGateAdmin\x12K\n\tGetConfig\x12!.prefill_gate.v1.GetConfigRequest\x1a\x1b.prefill_gate.v1.GateConfig\x12\x64\n\x0fUpdateIntervals\x12\'.prefill_gate.v1.UpdateIntervalsRequest\x1a(.prefill_gate.v1.UpdateIntervalsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprefill_gate/v1/admin.proto\x12\x0fprefill_gate.v1\x1a\x1bprefill_gate/v1/types.proto\"\x12\n\x10GetConfigRequest\"\xf4\x01\n\x16UpdateIntervalsRequest\x12\x1d\n\x10\x61ttempt_interval\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x19\n\x0c\x61ny_interval\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x0f\n\x07\x64isable\x18\x03 \x01(\x08\x12\x1b\n\x0e\x65xpected_epoch\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x15\n\rvalidate_only\x18\x05 \x01(\x08\x12\x12\n\nchanged_by\x18\x1e \x01(\t\x12\x0e\n\x06reason\x18\x1f \x01(\tB\x13\n\x11_attempt_intervalB\x0f\n\r_any_intervalB\x11\n\x0f_expected_epoch\"u\n\x17UpdateIntervalsResponse\x12+\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1b.prefill_gate.v1.GateConfig\x12\x15\n\radopted_round\x18\x02 \x01(\x04\x12\x16\n\x0evalidated_only\x18\x03 \x01(\x08\x32\xbe\x01\n\tGateAdmin\x12K\n\tGetConfig\x12!.prefill_gate.v1.GetConfigRequest\x1a\x1b.prefill_gate.v1.GateConfig\x12\x64\n\x0fUpdateIntervals\x12\'.prefill_gate.v1.UpdateIntervalsRequest\x1a(.prefill_gate.v1.UpdateIntervalsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETCONFIGREQUEST']._serialized_start=77
   _globals['_GETCONFIGREQUEST']._serialized_end=95
   _globals['_UPDATEINTERVALSREQUEST']._serialized_start=98
-  _globals['_UPDATEINTERVALSREQUEST']._serialized_end=306
-  _globals['_UPDATEINTERVALSRESPONSE']._serialized_start=308
-  _globals['_UPDATEINTERVALSRESPONSE']._serialized_end=425
-  _globals['_GATEADMIN']._serialized_start=428
-  _globals['_GATEADMIN']._serialized_end=618
+  _globals['_UPDATEINTERVALSREQUEST']._serialized_end=342
+  _globals['_UPDATEINTERVALSRESPONSE']._serialized_start=344
+  _globals['_UPDATEINTERVALSRESPONSE']._serialized_end=461
+  _globals['_GATEADMIN']._serialized_start=464
+  _globals['_GATEADMIN']._serialized_end=654
 # @@protoc_insertion_point(module_scope)

@@ -11,18 +11,22 @@ class GetConfigRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class UpdateIntervalsRequest(_message.Message):
-    __slots__ = ("attempt_interval", "any_interval", "disable", "expected_epoch", "validate_only")
+    __slots__ = ("attempt_interval", "any_interval", "disable", "expected_epoch", "validate_only", "changed_by", "reason")
     ATTEMPT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     ANY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     DISABLE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     attempt_interval: int
     any_interval: int
     disable: bool
     expected_epoch: int
     validate_only: bool
-    def __init__(self, attempt_interval: _Optional[int] = ..., any_interval: _Optional[int] = ..., disable: _Optional[bool] = ..., expected_epoch: _Optional[int] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+    changed_by: str
+    reason: str
+    def __init__(self, attempt_interval: _Optional[int] = ..., any_interval: _Optional[int] = ..., disable: _Optional[bool] = ..., expected_epoch: _Optional[int] = ..., validate_only: _Optional[bool] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class UpdateIntervalsResponse(_message.Message):
     __slots__ = ("config", "adopted_round", "validated_only")
