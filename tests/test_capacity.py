@@ -291,6 +291,7 @@ def test_records_hold_the_issue_fields_per_workload_and_policy():
     assert all(fields | {"output_tok_s", "extend_share", "simulated"} <= set(rec) for rec in out)
     gate = next(rec for rec in out if rec["policy"] == "gate" and rec["workload"] == "scattered")
     assert gate["knobs"] == {"A": 1, "K": 2} and gate["capacity_rps"] == 20.0 and gate["goodput_rps"] == 19.8
+    assert gate["wall_s"] == 1.0  # the search's own time, for budgeting a run
     json.dumps(out)  # serialisable as it is
 
 

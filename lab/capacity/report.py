@@ -317,6 +317,7 @@ def records(results: Sequence[Result], preset: str) -> list[dict[str, Any]]:
                     for bound, rps, s in result.frontier
                 ],
                 "runs": result.runs,
+                "wall_s": round(result.wall_seconds, 1),  # this pair's search, in its worker (for budgets)
                 "quick": result.task.quick,
                 "simulated": True,
             }
