@@ -404,3 +404,10 @@ def test_tasks_run_workload_by_workload_costliest_first():
     rows = [tasks[i].spec.name for i in run_order(tasks)]
     assert rows == ["x.csv"] * 3 + ["scattered"] * 3 + ["bursty"] * 3  # equal cost: the order given
     assert tasks[run_order(tasks)[0]].policy == "gate"  # the largest grid of its row first
+
+
+def test_a_run_without_the_gate_or_its_peers_claims_no_lead():
+    # gate-autotune alone: no static gate, no peer, so no sentence about the gate being ahead.
+    alone = [_result("scattered", "gate-autotune", 3.0, knobs(A=8, K=32))]
+    text = render(alone, PRESET, "prefill-gate lab capacity", Slo(), quick=True)
+    assert "ahead of every peer" not in text and "| scattered | **3.00 (A=8 K=32)** | - | - |" in text

@@ -413,7 +413,7 @@ def render(
     behind = not_ahead_lines(results, policies)
     if behind:
         lines += ["Where the gate is not ahead of every peer:", "", *behind, ""]
-    else:
+    elif (whole := complete_rows(results, policies)) and all(GATE in row and best_peer(row) for row in whole.values()):
         lines += ["The gate is ahead of every peer on every workload.", ""]
     tuned = autotune_lines(results, policies)
     if tuned:
