@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup tools test lint protos check-protos demo clean lab
+.PHONY: setup tools test lint protos check-protos demo clean lab lab-quick
 
 setup: $(STAMP)
 
@@ -42,8 +42,15 @@ test: setup lint tools
 demo: setup
 	$(PY) -m control.host.demo
 
+# The capacity lab on every scenario and the shared production traces (those present next to the checkout).
+TRACES ?= $(wildcard ../shared/traces/azure-llm-2023-conv.csv ../shared/traces/mooncake-fast25-conversation.jsonl)
+LAB_JOBS ?= 2
+
 lab: setup
-	$(VENV)/bin/prefill-gate lab
+	$(VENV)/bin/prefill-gate lab capacity --jobs $(LAB_JOBS) $(if $(TRACES),--trace $(TRACES))
+
+lab-quick: setup
+	$(VENV)/bin/prefill-gate lab capacity --quick --jobs $(LAB_JOBS) $(if $(TRACES),--trace $(TRACES))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

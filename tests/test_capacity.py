@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -19,9 +21,9 @@ from lab.capacity.cli import add_capacity_arguments, capacity_main
 from lab.capacity.knobs import SPACES, configure, describe, settings_of, space_of
 from lab.capacity.probe import Probe, backlogged, idle_prefill_seconds, run_probe
 from lab.capacity.report import capacity_table, records, render
-from lab.capacity.runner import CurvePoint, Result, Task
+from lab.capacity.runner import CurvePoint, Interrupted, Result, Task, run_order, run_tasks
 from lab.capacity.search import Capacity, Searcher
-from lab.capacity.targets import target_of
+from lab.capacity.targets import target_of, trace_specs
 from lab.scenarios import scenario_names
 from workloads import Bursts, Fixed, Workload
 
@@ -185,11 +187,44 @@ def test_a_shape_offers_the_same_requests_sooner_at_a_higher_rate():
     )
 
 
+SHARED_TRACES = Path(os.environ.get("PREFILL_GATE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+AZURE = SHARED_TRACES / "traces" / "azure-llm-2023-conv.csv"
+
+
+@pytest.mark.skipif(not AZURE.is_file(), reason=f"shared trace not found at {AZURE} (set PREFILL_GATE_SHARED)")
+def test_a_trace_row_is_a_window_replayed_faster():
+    # A trace's load is its speed: the window (after warm-up) offers proportionally more requests per second and
+    # its arrivals end proportionally sooner; the window's requests are the same at every speed.
+    target = target_of(trace_specs((str(AZURE),), 0, True)[0])
+    assert target.load_unit == "x speed" and "trace seconds 600-720" in target.what
+    assert target.offered_rps(3.0) == pytest.approx(3 * target.offered_rps(1.0))
+    slow, fast = target.plan(1.0), target.plan(4.0)
+    assert fast.arrival_end == pytest.approx(slow.arrival_end / 4) and fast.max_requests == slow.max_requests
+    issued = target.workload(4.0).due(fast.arrival_end)
+    assert [s.prompt_len for _, s in issued] == [s.prompt_len for _, s in target.workload(1.0).due(slow.arrival_end)]
+    in_window = sum(1 for _, s in issued if s.arrival >= fast.warmup_end)
+    assert in_window == fast.max_requests and target.offered_rps(4.0) == pytest.approx(in_window / fast.window_s)
+
+
+def test_a_malformed_trace_is_one_line_naming_the_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47.0,x,1\n"
+    )
+    out = tmp_path / "out"
+    assert capacity_main(_ns("--scenarios", "--trace", str(bad), "--out", str(out))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("prefill-gate lab capacity: error: ") and f"{bad}:3" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
 # -- the report ------------------------------------------------------------------------------------------------
 
 
 def _probe(load: float, *, itl: float = 0.15, share: float = 0.1, cut: str | None = None) -> Probe:
-    return Probe(load, 100, load, 0.4, 0.3, itl, 1000.0, share, 0.0, 0, cut, Slo(), load * 0.99, 0.99, 10, 60.0, 0.1)
+    return Probe(
+        load, 100, load, 0.4, 0.3, itl, 1000.0, share, 0.12, 7.5, 0.0, 0, cut, Slo(), load * 0.99, 0.99, 10, 60.0, 0.1
+    )
 
 
 def _result(workload: str, policy: str, capacity: float, setting=(), *, broke: str | None = "itl") -> Result:
@@ -236,6 +271,19 @@ def test_report_opens_with_one_capacity_table_and_says_where_the_gate_is_behind(
     assert "TTFT <= 1 s" in rest and "## Method" in rest and "wall" not in text.lower()
 
 
+def test_autotune_is_no_peer_and_is_compared_with_the_best_static_gate_and_peer():
+    # gate-autotune beats vllm-cadence on scattered: still the gate's best *peer* is vllm-cadence, and the
+    # autotune paragraph gives its ratio to the best static gate and to that peer.
+    tuned = [*RESULTS, _result("scattered", "gate-autotune", 30.0, knobs(A=1, K=4))]
+    head = render(tuned, PRESET, "prefill-gate lab capacity", Slo(), quick=False).split("## Details")[0]
+    assert "| 0.83x (vllm-cadence) | 3.33x |" in head and "17% below vllm-cadence" in head
+    assert (
+        "**scattered**: gate-autotune holds 30.0 req/s, 1.50x of the best static gate (20.0 req/s at A=1 K=2), "
+        "1.25x of the best peer (vllm-cadence, 24.0 req/s)." in head
+    )
+    assert "**bursty**: gate-autotune" not in head  # no autotune result there, no line
+
+
 def test_records_hold_the_issue_fields_per_workload_and_policy():
     out = records(RESULTS, PRESET.name)
     assert len(out) == len(RESULTS)
@@ -243,6 +291,7 @@ def test_records_hold_the_issue_fields_per_workload_and_policy():
     assert all(fields | {"output_tok_s", "extend_share", "simulated"} <= set(rec) for rec in out)
     gate = next(rec for rec in out if rec["policy"] == "gate" and rec["workload"] == "scattered")
     assert gate["knobs"] == {"A": 1, "K": 2} and gate["capacity_rps"] == 20.0 and gate["goodput_rps"] == 19.8
+    assert gate["wall_s"] == 1.0  # the search's own time, for budgeting a run
     json.dumps(out)  # serialisable as it is
 
 
@@ -310,3 +359,55 @@ def test_command_writes_report_json_and_charts(tmp_path, monkeypatch, capsys):
     assert capacity_main(_ns(*argv, "--out", str(out), "--quick", "--no-charts")) == 0
     assert (out / "lab" / "capacity-h200-dp8-ep8-quick.md").read_text().count("QUICK") >= 1
     assert (out / "lab.md").read_text() == report
+
+
+def test_an_interrupted_run_keeps_what_finished(monkeypatch):
+    # The second task is interrupted: the first one's result survives, in an Interrupted naming the total.
+    calls: list[Task] = []
+
+    def run_task(task: Task) -> Result:
+        calls.append(task)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return RESULTS[0]
+
+    monkeypatch.setattr("lab.capacity.runner.run_task", run_task)
+    tasks = [RESULTS[0].task, RESULTS[1].task, RESULTS[2].task]
+    with pytest.raises(Interrupted) as info:
+        run_tasks(tasks, jobs=1)
+    assert info.value.results == [RESULTS[0]] and info.value.total == 3 and len(calls) == 2
+
+
+def test_an_interrupted_command_writes_a_partial_report_and_fails(tmp_path, monkeypatch, capsys):
+    # Interrupted after two of six pairs: the report says PARTIAL, shows what finished, draws no ratio from an
+    # incomplete row, and the command does not end with the status of a success.
+    def interrupted(tasks, jobs):
+        raise Interrupted(RESULTS[:2], len(tasks))
+
+    monkeypatch.setattr("lab.capacity.cli.run_tasks", interrupted)
+    out = tmp_path / "results"
+    argv = ("--scenarios", "scattered", "bursty", "--policies", "ungated", "gate", "vllm-cadence", "--no-charts")
+    assert capacity_main(_ns(*argv, "--out", str(out))) == 130
+    report = (out / "lab.md").read_text()
+    assert "**PARTIAL**" in report and "2 of 6 (workload, policy) pairs finished" in report
+    assert "| scattered | 6.00 (defaults) | 20.0 (A=1 K=2) |  | - | - |" in report and "| bursty |" not in report
+    assert "below vllm-cadence" not in report  # no comparison with a peer that never ran
+    assert len(json.loads((out / "lab" / "capacity-h200-dp8-ep8.json").read_text())) == 2
+    assert "PARTIAL" in capsys.readouterr().err
+
+
+def test_tasks_run_workload_by_workload_costliest_first():
+    # Whole rows finish together (an interrupted run keeps whole rows); the trace row, costliest, goes first.
+    policies = ("ungated", "gate", "vllm-cadence")
+    specs = [TargetSpec("scenario", "scattered"), TargetSpec("trace", "x.csv"), TargetSpec("scenario", "bursty")]
+    tasks = [Task(spec, policy, PRESET.name, Slo()) for spec in specs for policy in policies]
+    rows = [tasks[i].spec.name for i in run_order(tasks)]
+    assert rows == ["x.csv"] * 3 + ["scattered"] * 3 + ["bursty"] * 3  # equal cost: the order given
+    assert tasks[run_order(tasks)[0]].policy == "gate"  # the largest grid of its row first
+
+
+def test_a_run_without_the_gate_or_its_peers_claims_no_lead():
+    # gate-autotune alone: no static gate, no peer, so no sentence about the gate being ahead.
+    alone = [_result("scattered", "gate-autotune", 3.0, knobs(A=8, K=32))]
+    text = render(alone, PRESET, "prefill-gate lab capacity", Slo(), quick=True)
+    assert "ahead of every peer" not in text and "| scattered | **3.00 (A=8 K=32)** | - | - |" in text

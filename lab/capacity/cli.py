@@ -9,7 +9,8 @@ A full run on the default preset writes `<out>/lab.md`; any other run writes `<o
 records as `<out>/lab/capacity-<preset>[-quick].json` (the report of the default preset shows the headline of
 every other full preset run found there) and, unless `--no-charts`, one PNG per workload under
 `<out>/lab/capacity-<preset>[-quick]/`. Bad input ends with a one-line error and exit status 2, never a
-traceback, before any run starts.
+traceback, before any run starts. A run interrupted by SIGINT or SIGTERM still writes its report and records
+for the pairs that finished, labelled PARTIAL, and exits 130.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ import json
 import os
 import platform
 import resource
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.executor import presets
 from engine.executor.presets import DEFAULT_PRESET, CostPreset, RankWork, preset_named, preset_names
 from lab.autotune import LAB_POLICIES
 from lab.capacity.probe import Slo
 from lab.capacity.report import by_workload, records, render
-from lab.capacity.runner import Result, Task, run_tasks
+from lab.capacity.runner import Interrupted, Result, Task, run_tasks
 from lab.capacity.targets import scenario_specs, trace_specs
 from lab.runner import default_jobs
 from lab.scenarios import scenario_names
@@ -158,9 +161,11 @@ def steepness(preset: CostPreset) -> float:
 
 
 def preset_notes(names: Sequence[str]) -> list[str]:
-    """One line per preset: its steepness, and which is the mildest and the steepest of the registered ones."""
+    """One line per preset: its steepness, and which is the mildest and the steepest registered one."""
     ranked = sorted(preset_names(), key=lambda name: steepness(preset_named(name)))
-    marks = {ranked[0]: " (the mildest registered preset)", ranked[-1]: " (the steepest registered preset)"}
+    mildest = getattr(presets, "MILDEST_PRESET", ranked[0])
+    steepest = getattr(presets, "STEEPEST_PRESET", ranked[-1])
+    marks = {mildest: " (the mildest preset)", steepest: " (the steepest preset)"}
     return [
         f"- `{name}`: a lone 1k prompt on one rank makes the round {steepness(preset_named(name)):.1f}x an all-decode "
         f"round{marks.get(name, '')}"
@@ -169,18 +174,23 @@ def preset_notes(names: Sequence[str]) -> list[str]:
     ]
 
 
-def _other_runs(chart_dir: Path, this: str, own: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """This run's records first, then every other full preset run's records found beside it."""
-    runs = {this: own}
-    for path in sorted(chart_dir.glob("capacity-*.json")):
-        if path.stem.endswith("-quick") or path.stem == f"capacity-{this}":
-            continue
+def _other_runs(lab_dir: Path, this: str, own: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """This run's records first, then every other preset's run found beside it (a full run over a quick one;
+    a quick one is labelled so)."""
+    runs: dict[str, list[dict[str, Any]]] = {this: own}
+    found: dict[str, tuple[bool, list[dict[str, Any]]]] = {}
+    for path in sorted(lab_dir.glob("capacity-*.json")):
         try:
             loaded = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(loaded, list) and loaded and isinstance(loaded[0], dict) and "preset" in loaded[0]:
-            runs[str(loaded[0]["preset"])] = loaded
+        if not (isinstance(loaded, list) and loaded and isinstance(loaded[0], dict) and "preset" in loaded[0]):
+            continue
+        preset, quick = str(loaded[0]["preset"]), bool(loaded[0].get("quick"))
+        if preset != this and (preset not in found or found[preset][0]):
+            found[preset] = (quick, loaded)
+    for preset, (quick, loaded) in sorted(found.items()):
+        runs[f"{preset} (quick)" if quick else preset] = loaded
     return runs
 
 
@@ -212,8 +222,18 @@ def capacity_main(ns: argparse.Namespace) -> int:
     lab_dir = out / "lab"
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    results = run_tasks(tasks, ns.jobs)
+    interrupted: Interrupted | None = None
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the run as SIGINT does
+    try:
+        results = run_tasks(tasks, ns.jobs)
+    except Interrupted as stop:
+        interrupted, results = stop, stop.results
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     wall = time.perf_counter() - started
+    if interrupted is not None and not results:
+        print(f"{PROG}: interrupted before any pair finished; nothing written", file=sys.stderr)
+        return 130
     own = records(results, preset.name)
     lab_dir.mkdir(parents=True, exist_ok=True)
     (lab_dir / f"{stem}.json").write_text(json.dumps(own, indent=1) + "\n", encoding="utf-8")
@@ -237,12 +257,17 @@ def capacity_main(ns: argparse.Namespace) -> int:
         quick=ns.quick,
         charts=chart_paths,
         other_presets=others if len(others) > 1 else None,
-        preset_notes=preset_notes(list(others)),
+        preset_notes=preset_notes([name.split(" ")[0] for name in others]),
+        partial=None if interrupted is None else (len(results), interrupted.total),
+        policies=list(dict.fromkeys(task.policy for task in tasks)),
     )
     note = run_note(ns, results, wall, load)
     target.write_text(text + note, encoding="utf-8")
     print(text)
     print(note.strip(), file=sys.stderr)
+    if interrupted is not None:
+        print(f"{PROG}: {interrupted}; the report and records are PARTIAL", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -10,9 +10,11 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
 
 - gate: A (`--prefill-attempt-interval`) and K (`--prefill-any-attempt-interval`), K >= A (C2).
 - local-interval: N (`--prefill-decode-interval`).
-- sglang-delayer: `max_delay_passes` (30).
-- atom-coalescer: `target_fill` (0.9) and `stall_ticks` (10); `max_queue_ms` too where the policy takes it
-  (ATOM's wall-clock queue guard, off by default upstream).
+- sglang-delayer: `max_delay_passes` (30) and `allow_on_none` (0: hold on NONE, the lab's default on rows
+  one round old; 1: allow, as SGLang does on fresh flags).
+- atom-coalescer: `target_fill` (0.9), `stall_ticks` (10) and `ttft_max_ticks` (200, the bound on its
+  alignment hold); `max_queue_ms` too where the policy takes it (ATOM's wall-clock queue guard, off by
+  default upstream).
 - vllm-cadence: `interval` (`--prefill-schedule-interval`; 1 is vLLM's default, off; #44558 recommends 2).
 - trtllm-balance: `timeout_iters` (50) and `batching_wait_iters` (10).
 - gate-autotune: none swept. The tuner starts cold on the launch config A=8, K=32 and moves A and K itself
@@ -28,7 +30,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import product
 
 from engine.config import PrefillDelay, ServerArgs
 from engine.policies.registry import POLICIES, make_policy, policy_args
@@ -88,13 +89,20 @@ def _gate_valid(setting: Knobs) -> bool:
 
 
 def _atom_space() -> KnobSpace:
+    # TTFT_MAX_TICKS bounds ATOM's alignment hold: at 200 ticks of ~30 ms a lone prompt can wait 6 s, so a
+    # TTFT bound of seconds needs it lower; it is swept with the fill target and the stall give-up.
     ladders: list[tuple[str, tuple[float, ...]]] = [
         ("stall_ticks", (1, 3, 10, 30)),
         ("target_fill", (0.1, 0.3, 0.6, 0.9)),
+        ("ttft_max_ticks", (12, 25, 50, 100, 200)),
     ]
-    default = {"stall_ticks": 10, "target_fill": 0.9}
-    coarse = [knobs(stall_ticks=s, target_fill=f) for f, s in product((0.3, 0.6, 0.9), (3, 10))]
-    quick = [knobs(stall_ticks=3, target_fill=0.3), knobs(**default)]
+    default = {"stall_ticks": 10, "target_fill": 0.9, "ttft_max_ticks": 200}
+    triples = ((0.9, 10, 50), (0.6, 10, 50), (0.3, 3, 50), (0.3, 3, 200))
+    coarse = [knobs(stall_ticks=s, target_fill=f, ttft_max_ticks=t) for f, s, t in triples]
+    quick = [
+        knobs(stall_ticks=3, target_fill=0.3, ttft_max_ticks=50),
+        knobs(stall_ticks=10, target_fill=0.9, ttft_max_ticks=50),
+    ]
     if "max_queue_ms" in inspect.signature(POLICIES["atom-coalescer"]).parameters:
         # ATOM's queue guard: off upstream (None); swept where the policy models it.
         ladders.append(("max_queue_ms", (0, 250, 500, 1000)))
@@ -109,7 +117,7 @@ SPACES: dict[str, KnobSpace] = {
     "gate": KnobSpace(
         (("A", (1, 2, 4, 8, 16, 32)), ("K", (2, 4, 8, 16, 32, 64, 128))),
         knobs(A=8, K=32),
-        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (2, 4), (2, 8), (4, 16), (8, 32), (16, 64))),
+        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (2, 8), (4, 16), (8, 32), (16, 64))),
         tuple(knobs(A=a, K=k) for a, k in ((1, 2), (4, 16))),
         _gate_valid,
     ),
@@ -117,10 +125,10 @@ SPACES: dict[str, KnobSpace] = {
         (("N", (1, 2, 4, 8, 16)),), knobs(N=4), (knobs(N=2), knobs(N=8)), (knobs(N=2), knobs(N=4))
     ),
     "sglang-delayer": KnobSpace(
-        (("max_delay_passes", (2, 5, 10, 30, 60, 120)),),
-        knobs(max_delay_passes=30),
-        (knobs(max_delay_passes=5), knobs(max_delay_passes=10), knobs(max_delay_passes=60)),
-        (knobs(max_delay_passes=5), knobs(max_delay_passes=30)),
+        (("allow_on_none", (0, 1)), ("max_delay_passes", (2, 5, 10, 30, 60, 120))),
+        knobs(allow_on_none=0, max_delay_passes=30),
+        tuple(knobs(allow_on_none=a, max_delay_passes=m) for a, m in ((0, 5), (0, 10), (0, 60), (1, 30), (1, 5))),
+        (knobs(allow_on_none=0, max_delay_passes=5), knobs(allow_on_none=1, max_delay_passes=30)),
     ),
     "atom-coalescer": _atom_space(),
     "vllm-cadence": KnobSpace(
@@ -165,6 +173,8 @@ def configure(policy: str, setting: Knobs, base: ServerArgs) -> tuple[ServerArgs
     if policy == "local-interval":
         args = policy_args(policy, base, decode_interval=int(values["N"]))
         return args, lambda rank, rank_args: make_policy(policy, rank_args, rank)
+    if "allow_on_none" in values:
+        values["allow_on_none"] = bool(values["allow_on_none"])
     if policy == "atom-coalescer" and values.get("max_queue_ms") == 0:
         values["max_queue_ms"] = None  # 0 on the ladder is the guard switched off, as upstream
     args = policy_args(policy, base)

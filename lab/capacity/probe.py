@@ -104,6 +104,8 @@ class Probe:
     itl_p99_s: float | None
     output_tok_s: float
     extend_share: float | None
+    extend_round_s: float | None  # mean length of the window's extend rounds
+    ranks_per_extend: float | None  # mean ranks extending per extend round
     wait_growth_s: float
     unserved: int
     cut_short: str | None
@@ -201,6 +203,8 @@ class _Window:
         self.tokens = 0
         self.busy = 0
         self.extend = 0
+        self.extend_seconds = 0.0
+        self.ranks_extending = 0
         self.max_floor = 0.0
         self.cut_short: str | None = None
 
@@ -220,7 +224,10 @@ class _Window:
         in_window = self.plan.warmup_end <= now <= self.plan.arrival_end
         if in_window and record.rows and any(row.batch_size for row in record.rows):
             self.busy += 1
-            self.extend += not record.all_decode_or_idle
+            if not record.all_decode_or_idle:
+                self.extend += 1
+                self.extend_seconds += record.round_seconds
+                self.ranks_extending += sum(1 for row in record.rows if row.num_extends > 0)
         bound = self.exit_slo.itl_p99_s if self.exit_slo is not None else math.inf
         for outcome in outcomes:
             for event in outcome.events:
@@ -354,6 +361,8 @@ def _figures(
         itl_p99_s=itl,
         output_tok_s=window.tokens / plan.window_s,
         extend_share=window.extend / window.busy if window.busy else None,
+        extend_round_s=window.extend_seconds / window.extend if window.extend else None,
+        ranks_per_extend=window.ranks_extending / window.extend if window.extend else None,
         wait_growth_s=_wait_growth(requests, excess, plan),
         unserved=unserved,
         cut_short=window.cut_short,

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.executor.presets import CostPreset
+from lab.autotune import AUTOTUNE, COLD_START
 from lab.capacity.knobs import describe, settings_of
 from lab.capacity.probe import DRAIN_S, Probe, Slo, backlogged
 from lab.capacity.runner import Result
@@ -21,6 +22,8 @@ from lab.capacity.search import FULL_STEP, QUICK_STEP
 
 GATE = "gate"
 UNGATED = "ungated"
+# The gate, static or moved by the tuner: neither is a peer of the gate.
+GATES = (GATE, AUTOTUNE)
 
 
 def _rps(value: float | None) -> str:
@@ -52,6 +55,18 @@ def by_workload(results: Sequence[Result]) -> dict[str, dict[str, Result]]:
     return out
 
 
+def policies_of(results: Sequence[Result], asked: Sequence[str] | None = None) -> list[str]:
+    """The run's policies in order: those it was asked for (an interrupted run's results may lack some)."""
+    return list(asked) if asked is not None else list(dict.fromkeys(result.task.policy for result in results))
+
+
+def complete_rows(results: Sequence[Result], asked: Sequence[str] | None = None) -> dict[str, dict[str, Result]]:
+    """The workloads every policy of the run finished (all of them, unless the run was interrupted): the only
+    rows whose ratios and comparisons mean what they say."""
+    policies = set(policies_of(results, asked))
+    return {label: row for label, row in by_workload(results).items() if set(row) >= policies}
+
+
 def _cell(result: Result) -> str:
     main = result.main
     if main.capacity <= 0:
@@ -71,27 +86,30 @@ def _ratio_text(value: float | None) -> str:
 
 
 def best_peer(row: Mapping[str, Result]) -> tuple[str, float] | None:
-    """The peer (any policy but the gate) with the highest capacity; ties go to the first listed."""
-    peers = [(name, capacity_of(result)) for name, result in row.items() if name != GATE]
+    """The peer (any policy but the gate, static or autotuned) with the highest capacity; ties go to the first
+    listed."""
+    peers = [(name, capacity_of(result)) for name, result in row.items() if name not in GATES]
     return max(peers, key=lambda item: item[1]) if peers else None
 
 
-def capacity_table(results: Sequence[Result]) -> str:
-    """The one capacity table (module docstring)."""
+def capacity_table(results: Sequence[Result], asked: Sequence[str] | None = None) -> str:
+    """The one capacity table (module docstring); `asked`: the policies the run was asked for."""
     rows = by_workload(results)
-    policies = list(dict.fromkeys(result.task.policy for result in results))
+    whole = complete_rows(results, asked)
+    policies = policies_of(results, asked)
     lines = [
         "| workload | " + " | ".join(policies) + " | gate / best peer | gate / ungated |",
         "| --- |" + " ---: |" * (len(policies) + 2),
     ]
     for label, row in rows.items():
-        top = max((capacity_of(r) for r in row.values()), default=0.0)
+        # The best is in bold only where every policy finished.
+        top = max((capacity_of(r) for r in row.values()), default=0.0) if label in whole else 0.0
         cells = []
         for policy in policies:
             result = row.get(policy)
             text = "" if result is None else _cell(result)
             cells.append(f"**{text}**" if result is not None and top > 0 and capacity_of(result) == top else text)
-        gate = row.get(GATE)
+        gate = row.get(GATE) if label in whole else None
         peer = best_peer(row)
         vs_peer = _ratio_text(ratio(capacity_of(gate), peer[1])) if gate and peer else "-"
         if gate and peer and vs_peer != "-":
@@ -132,10 +150,10 @@ def failing_probe(result: Result) -> Probe | None:
     return None
 
 
-def not_ahead_lines(results: Sequence[Result]) -> list[str]:
+def not_ahead_lines(results: Sequence[Result], asked: Sequence[str] | None = None) -> list[str]:
     """Per workload where the gate is not ahead of every peer: by how much, and what broke for the gate."""
     out = []
-    for label, row in by_workload(results).items():
+    for label, row in complete_rows(results, asked).items():
         gate, peer = row.get(GATE), best_peer(row)
         if gate is None or peer is None or capacity_of(gate) > peer[1]:
             continue
@@ -152,14 +170,42 @@ def not_ahead_lines(results: Sequence[Result]) -> list[str]:
         if at_gate is not None and at_winner is not None:
             shares = (
                 f" At their capacities the gate ran {_pct(at_gate.extend_share)} of busy rounds on the extend path "
-                f"(ITL p99 {_s(at_gate.itl_p99_s, 3)} s), {peer[0]} {_pct(at_winner.extend_share)} (ITL p99 "
-                f"{_s(at_winner.itl_p99_s, 3)} s)."
+                f"({_itl(at_gate)}), {peer[0]} {_pct(at_winner.extend_share)} ({_itl(at_winner)})."
             )
         out.append(
             f"- **{label}**: the gate ({describe(gate.main.knobs or ())}) {how}. What stopped the gate at "
             f"{_rps(_failed_rps(gate))} req/s: {limit_text(failing_probe(gate), slo)}.{shares}"
         )
     return out
+
+
+def autotune_lines(results: Sequence[Result], asked: Sequence[str] | None = None) -> list[str]:
+    """Per workload with both: gate-autotune's capacity over the best static gate's and over the best peer's."""
+    out = []
+    for label, row in complete_rows(results, asked).items():
+        tuned, static, peer = row.get(AUTOTUNE), row.get(GATE), best_peer(row)
+        if tuned is None or (static is None and peer is None):
+            continue
+        value = capacity_of(tuned)
+        parts = [f"- **{label}**: gate-autotune holds {_rps(value)} req/s"]
+        if static is not None:
+            knobs = describe(static.main.knobs or ())
+            parts.append(
+                f"{_ratio_text(ratio(value, capacity_of(static)))} of the best static gate "
+                f"({_rps(capacity_of(static))} req/s at {knobs})"
+            )
+        if peer is not None:
+            parts.append(f"{_ratio_text(ratio(value, peer[1]))} of the best peer ({peer[0]}, {_rps(peer[1])} req/s)")
+        out.append(", ".join(parts) + ".")
+    return out
+
+
+def _itl(probe: Probe) -> str:
+    itl = "no decode" if probe.itl_p99_s is None else f"ITL p99 {_s(probe.itl_p99_s, 3)} s"
+    if probe.extend_round_s is None or probe.ranks_per_extend is None:
+        return itl
+    rounds = f"extend rounds of {probe.extend_round_s * 1000:.0f} ms on average"
+    return f"{itl}; {rounds}, {probe.ranks_per_extend:.1f} ranks extending"
 
 
 def _failed_rps(result: Result) -> float | None:
@@ -173,14 +219,14 @@ def detail_table(row: Mapping[str, Result]) -> str:
     """Per policy at its capacity: the finishing probe's figures and what broke above it."""
     lines = [
         "| policy | capacity req/s | knobs | goodput req/s | TTFT p99 s | TTFT p99 net s | ITL p99 s | output tok/s "
-        "| extend share | above it (first failing load) | runs |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| extend share | extend round ms | ranks / extend round | above it (first failing load) | runs |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for policy, result in row.items():
         at, slo = result.main.at_capacity, result.main.slo
         above = limit_text(failing_probe(result), slo)
         if at is None:
-            lines.append(f"| {policy} | 0 | - | - | - | - | - | - | - | {above} | {result.runs} |")
+            lines.append(f"| {policy} | 0 | - | - | - | - | - | - | - | - | - | {above} | {result.runs} |")
             continue
         cells = [
             _rps(capacity_of(result)),
@@ -191,6 +237,8 @@ def detail_table(row: Mapping[str, Result]) -> str:
             _s(at.itl_p99_s, 3),
             f"{at.output_tok_s:.0f}",
             _pct(at.extend_share),
+            "-" if at.extend_round_s is None else f"{at.extend_round_s * 1000:.0f}",
+            _s(at.ranks_per_extend, 1),
             above,
             str(result.runs),
         ]
@@ -228,7 +276,7 @@ def headline_table(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
         for preset in presets:
             rows = {rec["policy"]: rec for rec in runs[preset] if rec["workload"] == label}
             gate = rows.get(GATE)
-            peers = [(name, rec["capacity_rps"] or 0.0) for name, rec in rows.items() if name != GATE]
+            peers = [(name, rec["capacity_rps"] or 0.0) for name, rec in rows.items() if name not in GATES]
             if gate is None or not peers:
                 cells.append("-")
                 continue
@@ -262,11 +310,14 @@ def records(results: Sequence[Result], preset: str) -> list[dict[str, Any]]:
                 "itl_p99_s": at.itl_p99_s if at else None,
                 "output_tok_s": at.output_tok_s if at else None,
                 "extend_share": at.extend_share if at else None,
+                "extend_round_s": at.extend_round_s if at else None,
+                "ranks_per_extend": at.ranks_per_extend if at else None,
                 "frontier": [
                     {"ttft_p99_s": bound, "capacity_rps": rps, "knobs": dict(s) if s is not None else None}
                     for bound, rps, s in result.frontier
                 ],
                 "runs": result.runs,
+                "wall_s": round(result.wall_seconds, 1),  # this pair's search, in its worker (for budgets)
                 "quick": result.task.quick,
                 "simulated": True,
             }
@@ -327,8 +378,11 @@ def render(
     charts: Mapping[str, str] | None = None,
     other_presets: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     preset_notes: Sequence[str] = (),
+    partial: tuple[int, int] | None = None,
+    policies: Sequence[str] | None = None,
 ) -> str:
-    """The capacity report (module docstring)."""
+    """The capacity report (module docstring); `partial` (finished, total) labels an interrupted run's, and
+    `policies` (those asked for) keeps the columns of policies that never finished."""
     mode = "QUICK (shorter runs, smaller grids, coarser steps: a smoke run, not the measurement)" if quick else "full"
     lines = [
         f"# Capacity lab: goodput capacity per workload, every policy at its best (SIMULATED, preset {preset.name})",
@@ -337,27 +391,47 @@ def render(
         f"clock with the cost preset `{preset.name}` ({preset.hardware}; {preset.model}), not a measurement of "
         "that hardware.",
         "",
+        *(
+            [
+                f"**PARTIAL**: the run was interrupted; {partial[0]} of {partial[1]} (workload, policy) pairs "
+                "finished. A blank cell was not measured; a ratio or a sentence that needs a blank cell is left out.",
+                "",
+            ]
+            if partial
+            else []
+        ),
         f"## Capacity, req/s (SIMULATED, {preset.name}): TTFT p99 <= {slo.ttft_p99_s:g} s net of idle prefill, "
         f"ITL p99 <= {slo.itl_p99_s:g} s, no backlog",
         "",
         "Cells: the capacity in requests per second (for a trace also the replay speed) and the knobs that "
         "reached it, the best in bold; `>=` where the search's ceiling held. The last two columns are the gate's "
-        "capacity over the best peer's and over ungated's.",
+        "capacity over the best peer's and over ungated's (gate-autotune is the gate too, never its peer).",
         "",
-        capacity_table(results),
+        capacity_table(results, policies),
         "",
     ]
-    behind = not_ahead_lines(results)
+    behind = not_ahead_lines(results, policies)
     if behind:
         lines += ["Where the gate is not ahead of every peer:", "", *behind, ""]
-    else:
+    elif (whole := complete_rows(results, policies)) and all(GATE in row and best_peer(row) for row in whole.values()):
         lines += ["The gate is ahead of every peer on every workload.", ""]
+    tuned = autotune_lines(results, policies)
+    if tuned:
+        lines += [
+            f"{AUTOTUNE} (the gate launched at A={COLD_START.attempt_interval}, K={COLD_START.any_interval} and "
+            "moved live by the tuner toward this SLO; docs/autotune.md) against the gate at its best static (A, K) "
+            "and against the best peer:",
+            "",
+            *tuned,
+            "",
+        ]
     if other_presets:
         lines += [
             "## The headline under other presets (SIMULATED)",
             "",
-            "The gate's capacity over the best peer's, per preset run found beside this report "
-            "(`lab/capacity-<preset>.json`); how much the conclusion depends on the cost model.",
+            "The gate's capacity over the best peer's (req/s), per preset run found beside this report "
+            "(`lab/capacity-<preset>[-quick].json`, each made by the same command with `--preset`): how much the "
+            "conclusion depends on the cost model. A quick run is a smoke run: shorter windows, smaller grids.",
             *(["", *preset_notes] if preset_notes else []),
             "",
             headline_table(other_presets),
@@ -376,7 +450,8 @@ def render(
         ]
         if any(len(result.frontier) > 1 for result in row.values()):
             lines += [
-                "Capacity (req/s) against the TTFT bound (ITL bound fixed; knobs chosen per bound):",
+                "Capacity (req/s) against the TTFT bound (ITL bound fixed; each policy at the setting it reached its "
+                "capacity with under the main bound):",
                 "",
                 frontier_table(row),
                 "",

@@ -27,7 +27,7 @@ from lab.capacity.probe import FINISH_CAP_S, Probe, Slo, run_probe, verdict
 from lab.capacity.targets import Target
 
 # Lattice steps: the answer's resolution (relative).
-FULL_STEP = 0.04
+FULL_STEP = 0.05
 QUICK_STEP = 0.15
 # A quick run's goodput probe stops this long after the last arrival (a full one runs every request out).
 QUICK_FINISH_CAP_S = 60.0
@@ -116,7 +116,13 @@ class Searcher:
 
 
 def _search(
-    searcher: Searcher, settings: Sequence[Knobs], slo: Slo, trials: list[Trial], *, known: float | None = None
+    searcher: Searcher,
+    settings: Sequence[Knobs],
+    slo: Slo,
+    trials: list[Trial],
+    *,
+    known: float | None = None,
+    hint: float | None = None,
 ) -> tuple[Search, Knobs | None]:
     """Bisect the load; a load holds when some setting holds it (the last one that held is tried first)."""
     order = list(dict.fromkeys(settings))
@@ -134,16 +140,22 @@ def _search(
                 return True
         return False
 
-    found = bisect_capacity(passes, searcher.lattice, hint=known, known=known)
+    found = bisect_capacity(passes, searcher.lattice, hint=hint if hint is not None else known, known=known)
     return found, held_by.get(found.capacity)
 
 
 def best_capacity(
-    searcher: Searcher, settings: Sequence[Knobs], slo: Slo, *, refine: bool = False, goodput: bool = True
+    searcher: Searcher,
+    settings: Sequence[Knobs],
+    slo: Slo,
+    *,
+    refine: bool = False,
+    goodput: bool = True,
+    hint: float | None = None,
 ) -> Capacity:
-    """The policy at its best over `settings` (module docstring)."""
+    """The policy at its best over `settings` (module docstring); `hint` is the load to start from."""
     trials: list[Trial] = []
-    found, best = _search(searcher, settings, slo, trials)
+    found, best = _search(searcher, settings, slo, trials, hint=hint)
     tried = set(settings)
     while refine and best is not None and found.failed_at is not None:
         neighbours = [s for s in space_of(searcher.policy).refine(best) if s not in tried]

@@ -6,9 +6,11 @@ gives fresh server arguments, a fresh workload at a load, and the probe `Plan` a
 stop, where the measured window starts, and the most requests and decode tokens the window can hold (for the
 early exit). Durations shrink with `--quick` (`QUICK_SCALE` of a scenario's; a shorter trace window).
 
-Traces: the window is `TRACE_START_S` to `TRACE_START_S + TRACE_WINDOW_S` of the trace's own clock (minutes
-10 to 25; the first minutes of a trace hold the backlog of requests that were already queued when
-recording began), replayed `speed` times faster; its first `TRACE_WARMUP_S` (trace seconds) are warm-up.
+Traces: the window is 6 minutes of the trace's own clock from `TRACE_START_S` (minutes 10 to 16: past the
+trace's first minutes, whose requests were already queued when recording began), replayed `speed` times
+faster; its first `TRACE_WARMUP_S` (trace seconds) are warm-up, the other `TRACE_WINDOW_S` are measured. A
+quick run replays two minutes. Six minutes, not more, because a probe simulates the window at the speed it
+tries, and the full run must fit its budget on two cores (each trace row is as costly as all scenarios).
 Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused on the rank that holds
 them, as SGLang's cache-aware router does).
 """
@@ -28,11 +30,16 @@ from workloads import Workload
 
 QUICK_SCALE = 0.3
 TRACE_START_S = 600.0
-TRACE_WINDOW_S = 900.0
-TRACE_WARMUP_S = 120.0
-QUICK_TRACE_WINDOW_S = 300.0
-QUICK_TRACE_WARMUP_S = 60.0
+TRACE_WINDOW_S = 300.0
+TRACE_WARMUP_S = 60.0
+QUICK_TRACE_WINDOW_S = 100.0
+QUICK_TRACE_WARMUP_S = 20.0
 TRACE_ROUTER = "prefix-affinity"
+# ~40 GB of FP8 MLA KV at ~40 KB per token (the figure engine/executor/presets.py uses): 1M tokens per rank.
+TRACE_KV_TOKENS = 1 << 20
+# A trace search starts at the speed that offers this many prompt tokens per second (about a quarter of what
+# the default preset's group can extend), so its first probe is neither idle nor hopelessly overloaded.
+TRACE_START_TOKENS_S = 20_000.0
 # Where a search starts, and how far it may go, relative to a target's nominal load.
 SEARCH_DOWN = 64.0
 SEARCH_UP = 32.0
@@ -111,11 +118,12 @@ def target_of(spec: TargetSpec) -> Target:
             f"{info.mean_prompt:.0f} tokens, mean output {info.mean_output:.0f}), {TRACE_ROUTER} routing"
         )
         args = ServerArgs(**{**BASE_ARGS, "seed": spec.seed, **info.overrides})
+        rate = info.window_requests / info.window_s
         return Target(
             spec,
             what,
             "x speed",
-            1.0,
+            max(0.25, TRACE_START_TOKENS_S / (rate * info.mean_prompt)),
             info.mean_output,
             args,
             build=partial(_trace_build, spec),
@@ -202,36 +210,26 @@ def _trace_data(path: str) -> object:
 
 @cache
 def _trace_info(spec: TargetSpec) -> _TraceInfo:
-    """The trace window's requests, read once per process (at speed 1, so times are trace seconds)."""
-    from workloads import trace_workload
+    """The trace window's requests, read once per process (trace seconds from the window's start)."""
+    from workloads.traces import trace_window
 
     warmup = QUICK_TRACE_WARMUP_S if spec.quick else TRACE_WARMUP_S
     window = QUICK_TRACE_WINDOW_S if spec.quick else TRACE_WINDOW_S
-    workload = trace_workload(
-        _trace_data(spec.name),
-        speed=1.0,
-        start=TRACE_START_S,
-        duration=warmup + window,
-        router=TRACE_ROUTER,
-        dp_size=DP_SIZE,
-        seed=spec.seed,
-    )
-    requests = [request for _, request in workload.due(math.inf)]
-    measured = [r for r in requests if r.arrival >= warmup]
+    requests = trace_window(_trace_data(spec.name), start=TRACE_START_S, duration=warmup + window)
+    measured = [r for r in requests if r.time >= warmup]
     if not measured:
-        raise ValueError(
-            f"{spec.name}: no request in trace seconds {TRACE_START_S + warmup:g}-{TRACE_START_S + warmup + window:g}"
-        )
-    longest = max(r.prompt_len + r.output_len for r in requests)
-    page = BASE_ARGS["page_size"]
-    # A rank's pool must hold the longest request with room to spare: at least the default 4096 pages.
-    pages = max(BASE_ARGS["kv_pages"], 2 * -(-longest // page))
+        span = f"{TRACE_START_S + warmup:g}-{TRACE_START_S + warmup + window:g}"
+        raise ValueError(f"{spec.name}: no request in trace seconds {span}")
+    longest = max((r.prompt_len or 1) + (r.output_len or 1) for r in requests)
+    # A rank's pool holds TRACE_KV_TOKENS (what an H200 keeps for KV next to its share of the weights), and at
+    # least twice the longest request: long-context traces measure the policies, not a small pool.
+    pages = max(TRACE_KV_TOKENS, 2 * longest) // BASE_ARGS["page_size"]
     return _TraceInfo(
         warmup_s=warmup,
         window_s=window,
         window_requests=len(measured),
-        output_tokens=sum(r.output_len for r in requests),
-        mean_prompt=sum(r.prompt_len for r in requests) / len(requests),
-        mean_output=sum(r.output_len for r in requests) / len(requests),
+        output_tokens=sum(r.output_len or 1 for r in requests),
+        mean_prompt=sum(r.prompt_len or 1 for r in requests) / len(requests),
+        mean_output=sum(r.output_len or 1 for r in requests) / len(requests),
         overrides={"kv_pages": pages},
     )
