@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
-from textual.widget import Widget
 
 from console.alerts import Alert
 from console.state import ConsoleState
 from console.textfit import fit_lines
+from console.widgets.base import ConsoleWidget
 
 _ORDER = {"bad": 0, "warn": 1, "info": 2}
 _MARK = {"bad": "✖", "warn": "⚠", "info": "•"}
@@ -21,8 +21,10 @@ def alert_lines(alerts: tuple[Alert, ...] | list[Alert]) -> list[tuple[str, str]
     return [(alert.severity, f"{_MARK[alert.severity]} {alert.text}") for alert in ordered]
 
 
-class AlertsPanel(Widget):
+class AlertsPanel(ConsoleWidget):
     """The alerts, one per line (cut to the width; the alerts screen, `a`, wraps them whole)."""
+
+    COMPONENT_PREFIX = "alerts-panel"
 
     COMPONENT_CLASSES = {"alerts-panel--title", "alerts-panel--bad", "alerts-panel--warn", "alerts-panel--info",
                          "alerts-panel--none"}
@@ -50,10 +52,10 @@ class AlertsPanel(Widget):
         lines = alert_lines(state.alerts)
         if lines != self._lines:
             self._lines, self._count = lines, state.alert_count
-            self.refresh()
+            self.refresh_content()
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"alerts-panel--{name}", partial=True)
+        return self.component_style(name)
 
     def render(self) -> Text:
         text = Text()
