@@ -407,7 +407,10 @@ def report(rows: list[dict], command: str, hz: float, seconds: float, load: tupl
     ]
     for row in rows:
         terminal, headless = row["terminal"], row["headless"]
-        met = terminal["cpu_share"] < GOAL_CPU and terminal["frames_per_s"] >= GOAL_HZ * 0.9
+        # Every part of the goal: the share, the refresh rate and every record read (a starved console
+        # spends little CPU because it falls behind: that is not the goal met).
+        met = terminal["cpu_share"] < GOAL_CPU and terminal["frames_per_s"] >= GOAL_HZ * 0.9 \
+            and headless["dropped"] == 0
         lines.append(
             f"| {row['ranks']} | {row['server_hz']:,.0f} rec/s | {terminal['cpu_share']:.1%} "
             f"| {terminal['frames_per_s']:.1f} | {headless['cpu_share']:.1%} | {headless['states_per_s']:.1f} "
