@@ -15,6 +15,7 @@ Three processes per configuration, so that each one's CPU time is its own:
 
     .venv/bin/python -m bench.bench_console            # prints and writes bench/results/console.md
     .venv/bin/python -m bench.bench_console --cost     # CPU per record read and per frame drawn, in process
+    .venv/bin/python -m bench.bench_console --read-cost --seconds 5   # the gRPC client alone, per record
 """
 
 from __future__ import annotations
@@ -322,6 +323,35 @@ async def console_cost(ranks: int, size: tuple[int, int], records_n: int = 3000,
     }
 
 
+async def read_cost(ranks: int, hz: float, seconds: float) -> dict:
+    """CPU time the console's gRPC client alone spends per record of a `hz` stream: the console's own
+    endpoint and WatchRounds call (LOSSLESS_BOUNDED), every record parsed, nothing stored or drawn.
+    CPU time of this whole process (the gRPC library's threads included), over `seconds` after a warm-up."""
+    from console.endpoint import Endpoint
+    from prefill_gate.v1 import telemetry_pb2
+
+    process, target = start_server(ranks, hz)
+    endpoint = Endpoint(target)
+    try:
+        call = endpoint.telemetry().WatchRounds(
+            telemetry_pb2.WatchRoundsRequest(mode=telemetry_pb2.WATCH_MODE_LOSSLESS_BOUNDED))
+        received, started, cpu0, first = 0, 0.0, 0.0, 0
+        async for _record in call:
+            received += 1
+            if received == int(hz):  # a second of warm-up
+                started, cpu0, first = time.perf_counter(), time.process_time(), received
+            elif started and time.perf_counter() - started >= seconds:
+                break
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - started
+        call.cancel()
+    finally:
+        await endpoint.close()
+        stop_server(process)
+    count = received - first
+    return {"ranks": ranks, "per_s": count / wall, "record_ms": cpu / count * 1e3, "share": cpu / wall}
+
+
 def cost_report(rows: list[dict], command: str, load: tuple[float, float]) -> str:
     """The markdown table of `--cost` runs."""
     lines = [
@@ -377,7 +407,10 @@ def report(rows: list[dict], command: str, hz: float, seconds: float, load: tupl
     ]
     for row in rows:
         terminal, headless = row["terminal"], row["headless"]
-        met = terminal["cpu_share"] < GOAL_CPU and terminal["frames_per_s"] >= GOAL_HZ * 0.9
+        # Every part of the goal: the share, the refresh rate and every record read (a starved console
+        # spends little CPU because it falls behind: that is not the goal met).
+        met = terminal["cpu_share"] < GOAL_CPU and terminal["frames_per_s"] >= GOAL_HZ * 0.9 \
+            and headless["dropped"] == 0
         lines.append(
             f"| {row['ranks']} | {row['server_hz']:,.0f} rec/s | {terminal['cpu_share']:.1%} "
             f"| {terminal['frames_per_s']:.1f} | {headless['cpu_share']:.1%} | {headless['states_per_s']:.1f} "
@@ -422,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=parse_size, default=SIZE, help="terminal COLUMNSxLINES (default 250x70)")
     parser.add_argument("--cost", action="store_true",
                         help="in-process CPU time per record read and per frame drawn (prints only)")
+    parser.add_argument("--read-cost", action="store_true",
+                        help="CPU time of the gRPC client alone per record of the stream (prints only)")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--headless", default=None, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
@@ -436,6 +471,14 @@ def main(argv: list[str] | None = None) -> int:
         load_before = os.getloadavg()[0]
         costs = [asyncio.run(console_cost(ranks, ns.size)) for ranks in ns.ranks]
         print(cost_report(costs, command.strip(), (load_before, os.getloadavg()[0])))
+        return 0
+    if ns.read_cost:
+        load_before = os.getloadavg()[0]
+        for ranks in ns.ranks:
+            row = asyncio.run(read_cost(ranks, ns.hz, ns.seconds))
+            print(f"{ranks} ranks: {row['per_s']:,.0f} records/s read, {row['record_ms']:.3f} CPU ms per record, "
+                  f"{row['share']:.0%} of a core")
+        print(f"1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         return 0
     load_before = os.getloadavg()[0]
     rows = [measure(ranks, ns.hz, ns.warmup, ns.seconds, ns.size) for ranks in ns.ranks]

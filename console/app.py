@@ -61,6 +61,19 @@ HEAT_MIN = 8  # lines the heatmap needs below the grid before it is shown there
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 0.0)  # + and - step through; 0: as fast as it reads
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Panels:
+    """The main screen's panels that every frame hands the state to."""
+
+    screen: Screen
+    header: StatusHeader
+    summary: SummaryLine
+    timeline: Timeline
+    player: PlayerBar
+    alerts: AlertsPanel
+    figures: tuple[ThroughputPanel, ...]
+
+
 class ConsoleApp(App[int]):
     """Votes, windows, pressure and history of a running engine (or a recording)."""
 
@@ -114,6 +127,7 @@ class ConsoleApp(App[int]):
         self.history_view = False  # the heatmap in place of the grid
         self.metric = METRICS[0]
         self._drawn_version = -1
+        self._panels_of: _Panels | None = None
         self._drawn_at = 0.0
         self._detail_at = -1e9
         self._main_drawn_at = -1e9
@@ -203,16 +217,27 @@ class ConsoleApp(App[int]):
 
     def _show_main(self, main: Screen, state: ConsoleState, grid: RankGrid, heat: Heatmap) -> None:
         self._layout_body(main, len(state.views))
-        main.query_one(StatusHeader).show(state)
-        main.query_one(SummaryLine).show(state, grid.in_view() if grid.display else None)
+        panels = self._panels(main)
+        panels.header.show(state)
+        panels.summary.show(state, grid.in_view() if grid.display else None)
         grid.show(state, self.metric, self.clock())
         if heat.display:
             heat.show(state, self.metric)
-        main.query_one(Timeline).show(state)
-        main.query_one(PlayerBar).show(state)
-        main.query_one(AlertsPanel).show(state)
-        for panel in main.query(ThroughputPanel):
+        panels.timeline.show(state)
+        panels.player.show(state)
+        panels.alerts.show(state)
+        for panel in panels.figures:
             panel.show(state)
+
+    def _panels(self, main: Screen) -> _Panels:
+        """The main screen's panels, looked up once (a query on every frame cost about 1 ms)."""
+        panels = self._panels_of
+        if panels is None or panels.screen is not main:
+            panels = self._panels_of = _Panels(
+                main, main.query_one(StatusHeader), main.query_one(SummaryLine), main.query_one(Timeline),
+                main.query_one(PlayerBar), main.query_one(AlertsPanel), tuple(main.query(ThroughputPanel)),
+            )
+        return panels
 
     def _show_dialog(self, state: ConsoleState) -> None:
         screen = self.screen

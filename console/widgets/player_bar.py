@@ -10,9 +10,9 @@ from rich.style import Style
 from textual import events
 from textual.message import Message
 from textual.strip import Strip
-from textual.widget import Widget
 
 from console.state import ConsoleState, Position
+from console.widgets.base import ConsoleWidget
 
 KEYS = "space play/pause · ←/→ step · g go to · +/- speed · click to seek"
 
@@ -28,7 +28,7 @@ def speed_text(speed: float) -> str:
     return f"{speed:g}x" if speed > 0 else "max"
 
 
-class PlayerBar(Widget):
+class PlayerBar(ConsoleWidget):
     """Playing or paused, speed, position and a seek bar."""
 
     COMPONENT_CLASSES = {"player-bar--label", "player-bar--done", "player-bar--todo", "player-bar--head"}
@@ -66,7 +66,7 @@ class PlayerBar(Widget):
         if key != self._key:
             self._key = key
             self._position, self._round = state.position, round_
-            self.refresh()
+            self.refresh_content()
 
     def _style(self, name: str) -> Style:
         return self.rich_style + self.get_component_rich_style(f"player-bar--{name}", partial=True)

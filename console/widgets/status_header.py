@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 from rich.style import Style
 from rich.text import Text
-from textual.widget import Widget
 
 from console.alerts import last_change
 from console.state import Connection, ConsoleState, Link
 from console.textfit import Part, fit_parts
+from console.widgets.base import ConsoleWidget
 
 _LINK_STYLE = {
     Link.CONNECTING: ("◌ connecting", "warn"),
@@ -45,8 +45,10 @@ def config_label(state: ConsoleState) -> str:
     return f"gate ON · ALL A={config.attempt_interval} · ANY K={config.any_interval} · epoch {config.epoch}"
 
 
-class StatusHeader(Widget):
+class StatusHeader(ConsoleWidget):
     """Three lines: run and progress; config, alerts, drops and view position; link detail or the latest notice."""
+
+    COMPONENT_PREFIX = "status-header"
 
     COMPONENT_CLASSES = {
         "status-header--good",
@@ -82,7 +84,7 @@ class StatusHeader(Widget):
         if key != self._key:
             self._key = key
             self._text = text
-            self.refresh()
+            self.refresh_content()
 
     def render(self) -> Text:
         return self._text
@@ -91,7 +93,7 @@ class StatusHeader(Widget):
         """The header's text for `state`, every line fitted to the width (parts dropped, not cut)."""
 
         def style(name: str) -> Style:
-            return self.get_component_rich_style(f"status-header--{name}", partial=True)
+            return self.component_style(name)
 
         width = self.content_region.width if self.is_mounted else 10_000
         lines = [fit_parts(line, width) for line in self.parts(state, style)]

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
-from textual.widget import Widget
 
 from console.selection import SORT_TITLES
 from console.state import ConsoleState
 from console.textfit import Part, fit_parts
+from console.widgets.base import ConsoleWidget
 
 
-class SummaryLine(Widget):
+class SummaryLine(ConsoleWidget):
     """Counts of the round shown, the sort and filter in force, and a not-live badge."""
+
+    COMPONENT_PREFIX = "summary-line"
 
     COMPONENT_CLASSES = {"summary-line--badge", "summary-line--dim", "summary-line--bad", "summary-line--count"}
 
@@ -45,13 +47,13 @@ class SummaryLine(Widget):
         key = (text.plain, tuple(text.spans))
         if key != self._key:
             self._key, self._text = key, text
-            self.refresh()
+            self.refresh_content()
 
     def render(self) -> Text:
         return self._text
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"summary-line--{name}", partial=True)
+        return self.component_style(name)
 
     def compose_text(self, state: ConsoleState, in_view: tuple[int, int] | None = None) -> Text:
         """The line for `state`."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
-from textual.widget import Widget
 
 from console.state import ConsoleState
 from console.textfit import fit_lines, keep_fitting
+from console.widgets.base import ConsoleWidget
 from prefill_gate.v1 import types_pb2 as pb
 
 _WIDE = 60  # below this width the panel is a side column: one figure per line
@@ -33,8 +33,10 @@ def figure(value: float | None, fmt: str = "{:.1f}") -> str:
     return fmt.format(value) if value is not None else "-"
 
 
-class ThroughputPanel(Widget):
+class ThroughputPanel(ConsoleWidget):
     """Output tokens/s, TTFT, gate wait, extend share and ranks per window."""
+
+    COMPONENT_PREFIX = "throughput"
 
     COMPONENT_CLASSES = {
         "throughput--title", "throughput--label", "throughput--value", "throughput--note", "throughput--stale",
@@ -67,10 +69,10 @@ class ThroughputPanel(Widget):
         if key != self._key:
             self._key = key
             self._state = state
-            self.refresh()
+            self.refresh_content()
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"throughput--{name}", partial=True)
+        return self.component_style(name)
 
     def render(self) -> Text:
         state = self._state

@@ -12,9 +12,9 @@ from rich.style import Style
 from textual import events
 from textual.message import Message
 from textual.strip import Strip
-from textual.widget import Widget
 
 from console.state import ConsoleState, Mark
+from console.widgets.base import ConsoleWidget
 from prefill_gate.v1 import types_pb2 as pb
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -41,7 +41,7 @@ def level(value: float, top: float) -> str:
     return _BLOCKS[index]
 
 
-class Timeline(Widget):
+class Timeline(ConsoleWidget):
     """ANY/ALL points, ranks extending and the counter over the last rounds; a click on a round shows it."""
 
     class RoundClicked(Message):
@@ -96,7 +96,7 @@ class Timeline(Widget):
             self._key = key
             self._state = state
             self._strips = []
-            self.refresh()
+            self.refresh_content()
 
     def on_resize(self) -> None:
         self._strips = []
