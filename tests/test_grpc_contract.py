@@ -47,9 +47,10 @@ async def _follow(served, request: requests_pb2.SubmitRequest) -> None:
 
 
 async def test_a_real_run_fills_every_field_of_the_round_record():  # contract test (dynamo#7123), G1, G2
-    # A small pool (retraction, the watermark), long prompts (resident chunks), prefix hits (storage reads),
-    # and rank tracing to a collector that is not there (spans_dropped).
-    args = sim_args(dp_size=3, prefill_attempt_interval=2, prefill_any_attempt_interval=6, kv_pages=96, max_num_seqs=48)
+    # A small pool (retraction, the watermark: two or three of a rank's requests fill it), long prompts
+    # (resident chunks), prefix hits (storage reads), and rank tracing to a collector that is not there
+    # (spans_dropped).
+    args = sim_args(dp_size=3, prefill_attempt_interval=2, prefill_any_attempt_interval=6, kv_pages=72, max_num_seqs=48)
     endpoint = f"127.0.0.1:{free_port()}"
     backend = SimBackend(
         args,
