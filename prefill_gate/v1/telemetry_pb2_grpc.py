@@ -72,6 +72,10 @@ class GateTelemetryServicer:
         sleeping s seconds between reads gets records about 2 s old, and in LOSSLESS_BOUNDED a record is
         never more than max_queue rounds behind when sent without dropped_before saying so.
 
+        Batched (max_batch > 1): every record in a message carries its own dropped_before, latest_round
+        and sent_unix_nanos, so the guarantees above hold record by record; a clean stop or a crash sends
+        (or, on a crash, drops) a partial batch at once.
+
         Ends OK after a clean stop (drain) once the queued records are sent; UNAVAILABLE with the reason
         when the engine crashed, a collective failed or a rank was lost; OUT_OF_RANGE (trailing metadata
         history-first-round) when from_round is older than the ring; INVALID_ARGUMENT for bad parameters.
