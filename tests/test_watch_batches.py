@@ -14,24 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from console.source import unbatch
 from control.host.backends import SimBackend
 from control.plane import hub as hub_module
 from control.plane.hub import MAX_BATCH, RoundHub, StreamFailed
 from prefill_gate.v1 import telemetry_pb2
-from prefill_gate.v1 import types_pb2 as pb
 from tests.grpc_plane import bad_fields, serving
 from tests.helpers import sim_args
 from tests.test_hub import record
 from workloads import ClosedLoop, Fixed, Workload
 
 LATEST_ONLY = telemetry_pb2.WATCH_MODE_LATEST_ONLY
-
-
-def unbatch(message: pb.RoundRecord) -> list[pb.RoundRecord]:
-    """A batched message's records in order: the message itself, then what follows it."""
-    following = list(message.following)
-    message.ClearField("following")
-    return [message, *following]
 
 
 def busy_backend(args):
