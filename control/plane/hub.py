@@ -162,13 +162,18 @@ class Subscriber:
         batch = [entry]
         if self.max_batch > 1:
             await self._fill(batch)
-        latest = self.hub.last_round or 0
-        sent = time.time_ns()
-        frame = self._encode(batch[0], latest, sent)
+        # One write: every record of it has the same freshness fields, serialized once (dropped_before 0
+        # is protobuf's default, so a record that skipped nothing needs no bytes of its own beyond these).
+        fresh = pb.RoundRecord(latest_round=self.hub.last_round or 0, sent_unix_nanos=time.time_ns())
+        fresh_bytes = fresh.SerializeToString()
+        first = self._encode(batch[0], fresh_bytes)
+        if len(batch) == 1:
+            return first
+        parts = [first]
         for entry in batch[1:]:
-            body = self._encode(entry, latest, sent)
-            frame += _FOLLOWING_TAG + _varint(len(body)) + body
-        return frame
+            body = self._encode(entry, fresh_bytes)
+            parts += (_FOLLOWING_TAG, _varint(len(body)), body)
+        return b"".join(parts)
 
     def _pop(self) -> _Entry | None:
         if self._replay:
@@ -203,15 +208,16 @@ class Subscriber:
                 timer.cancel()
                 self._wake_at = 1
 
-    def _encode(self, entry: _Entry, latest: int, sent: int) -> bytes:
-        """One record's bytes with this stream's own fields (dropped_before and freshness) merged in."""
+    def _encode(self, entry: _Entry, fresh: bytes) -> bytes:
+        """One record's bytes with this stream's own fields (dropped_before, then `fresh`) merged in."""
         round_index = entry.record.round
         dropped = max(0, round_index - self._previous - 1)
         self._previous = round_index
         self.dropped_total += dropped
         body = entry.bytes if not self.ranks else self._filtered(entry)
-        own = pb.RoundRecord(dropped_before=dropped, latest_round=latest, sent_unix_nanos=sent)
-        return body + own.SerializeToString()
+        if dropped:
+            body += pb.RoundRecord(dropped_before=dropped).SerializeToString()
+        return body + fresh
 
     async def next(self) -> pb.RoundRecord | None:
         """The next message (None once closed and drained); raises StreamFailed."""
