@@ -74,6 +74,21 @@ async def test_a_clean_stop_sends_a_partial_batch_at_once_and_a_crash_fails_at_o
     assert await stopping.next() is None
 
 
+async def test_a_waiting_batch_empties_a_full_queue_instead_of_letting_it_drop():
+    hub = RoundHub("run")
+    stream = hub.subscribe(max_queue=4, max_batch=64, max_batch_delay_s=1.0)
+    hub.publish(record(0))
+    batch = asyncio.create_task(stream.next())
+    for i in range(1, 13):  # three times the queue's bound while the batch waits for company
+        await asyncio.sleep(0)
+        hub.publish(record(i))
+    await asyncio.sleep(0)
+    hub.close_all()
+    records = unbatch(await batch)
+    assert [(m.round, m.dropped_before) for m in records] == [(i, 0) for i in range(13)]
+    assert stream.dropped_total == 0
+
+
 async def test_every_record_of_a_batch_carries_its_own_drops_and_rank_filter():
     hub = RoundHub("run")
     stream = hub.subscribe(max_batch=8, max_queue=3, ranks=[1])

@@ -198,8 +198,9 @@ class Subscriber:
             wait_s = deadline - time.monotonic()
             if self.closed or wait_s <= 0:
                 return
-            # Woken once: when the rest of the batch is queued, at the deadline, or on close/fail.
-            self._wake_at = self.max_batch - len(batch)
+            # Woken once: when the rest of the batch is queued (or the queue is full: taking it then loses
+            # nothing to the bound), at the deadline, or on close/fail.
+            self._wake_at = min(self.max_batch - len(batch), self.max_queue)
             self._ready.clear()
             timer = loop.call_later(wait_s, self._ready.set)
             try:
