@@ -401,7 +401,8 @@ def report(rows: list[dict], command: str, hz: float, seconds: float, load: tupl
         f"{platform.system()} {platform.release()}; 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after "
         "(the machine is shared: other work competes for the same two cores).",
         f"Stream: a seeded simulator run's records replayed by the real control plane at {hz:g} Hz (LOSSLESS_"
-        f"BOUNDED watch). Terminal {size[0]}x{size[1]}; each figure over {seconds:g} s after a warm-up.",
+        "BOUNDED watch, in the batches the console asks for: `console.source.WATCH_BATCH`). "
+        f"Terminal {size[0]}x{size[1]}; each figure over {seconds:g} s after a warm-up.",
         f"Goal: 64 ranks at {GOAL_HZ:g} Hz under {GOAL_CPU:.0%} of one core, with history (strips, heatmap) and "
         "alerts on, and no records dropped at a 1 kHz stream on an idle machine.",
         "",
