@@ -89,6 +89,26 @@ async def test_a_waiting_batch_empties_a_full_queue_instead_of_letting_it_drop()
     assert stream.dropped_total == 0
 
 
+async def test_a_slow_batched_reader_is_told_every_gap_and_is_never_further_behind_than_queue_plus_batch():
+    hub = RoundHub("run")
+    max_queue, max_batch = 4, 8
+    stream = hub.subscribe(max_queue=max_queue, max_batch=max_batch, max_batch_delay_s=0.01)
+    records = []
+    for i in range(200):
+        hub.publish(record(i))
+        if i % 13 == 12:  # a reader that takes a message now and then, far slower than the engine
+            records += unbatch(await stream.next())
+    hub.close_all()
+    while (message := await stream.next()) is not None:
+        records += unbatch(message)
+    assert records[-1].round == 199 and sum(m.dropped_before for m in records) > 0
+    previous = -1
+    for message in records:
+        assert message.round - previous - 1 == message.dropped_before  # every gap told, exactly
+        assert message.latest_round - message.round <= max_queue + max_batch - 1
+        previous = message.round
+
+
 async def test_every_record_of_a_batch_carries_its_own_drops_and_rank_filter():
     hub = RoundHub("run")
     stream = hub.subscribe(max_batch=8, max_queue=3, ranks=[1])
