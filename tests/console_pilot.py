@@ -56,28 +56,13 @@ def row(rank: int, **fields: object) -> pb.RankRow:
     return message
 
 
-def record(
-    round_index: int,
-    rows: list[pb.RankRow],
-    *,
-    point: int = pb.GATE_POINT_NONE,
-    opened: bool = False,
-    counter: int = 0,
-    dropped_before: int = 0,
-    run_id: str = "run-a",
-    config: pb.GateConfig = CONFIG,
-) -> pb.RoundRecord:
+def record(round_index: int, rows: list[pb.RankRow], *, point: int = pb.GATE_POINT_NONE, opened: bool = False,
+           counter: int = 0, dropped_before: int = 0, run_id: str = "run-a",
+           config: pb.GateConfig = CONFIG) -> pb.RoundRecord:
     """A round record at 100 rounds/s of server time (counts as the control plane fills them)."""
     return pb.RoundRecord(
-        round=round_index,
-        unix_nanos=1_000_000_000 + round_index * 10_000_000,
-        counter=counter,
-        point=point,
-        open=opened,
-        ranks=rows,
-        config=config,
-        dropped_before=dropped_before,
-        run_id=run_id,
+        round=round_index, unix_nanos=1_000_000_000 + round_index * 10_000_000, counter=counter, point=point,
+        open=opened, ranks=rows, config=config, dropped_before=dropped_before, run_id=run_id,
         ranks_extending=sum(1 for r in rows if r.num_extends),
         ranks_wanting=sum(1 for r in rows if r.want_prefill),
         ranks_blocking_all=sum(1 for r in rows if r.blocks_all),

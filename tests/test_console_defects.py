@@ -129,9 +129,8 @@ async def test_a_disconnected_view_says_so_everywhere() -> None:
         assert "rounds/s" in screen_text(app)[0] and "following the newest" in screen_text(app)[1]
         live_colour = rank_colour(app)
         clock.now += 12
-        app.store.status(
-            Link.RECONNECTING, "cannot reach 127.0.0.1:50151: connection refused; attempt 3", retry_in_s=2.0
-        )
+        app.store.status(Link.RECONNECTING, "cannot reach 127.0.0.1:50151: connection refused; attempt 3",
+                         retry_in_s=2.0)
         app.refresh_now()
         await pilot.pause()
         text = screen_text(app)
@@ -179,36 +178,18 @@ def busy_rows(count: int) -> list[pb.RankRow]:
     out = []
     for rank in range(count):
         kind = rank % 4
-        out.append(
-            row(
-                rank,
-                want_prefill=kind == 0,
-                has_decode_work=True,
-                num_extends=1 if kind == 3 else 0,
-                planned_prefill=kind == 3,
-                batch_size=8 + rank % 5,
-                running=9,
-                num_tokens=12 + rank,
-                occupancy=0.95 if kind == 2 else 0.3 + rank % 7 / 10,
-                waiting_prompts=rank % 3,
-                resident_chunks=kind % 2,
-            )
-        )
+        out.append(row(
+            rank, want_prefill=kind == 0, has_decode_work=True, num_extends=1 if kind == 3 else 0,
+            planned_prefill=kind == 3, batch_size=8 + rank % 5, running=9, num_tokens=12 + rank,
+            occupancy=0.95 if kind == 2 else 0.3 + rank % 7 / 10, waiting_prompts=rank % 3, resident_chunks=kind % 2,
+        ))
     return out
 
 
 def snapshot_with_stats() -> pb.Snapshot:
-    stats = pb.RunStats(
-        output_tokens_per_second=12819,
-        ttft_p50_seconds=0.3745,
-        ttft_p99_seconds=1.37,
-        gate_wait_p99_seconds=0.65,
-        gate_wait_p99_rounds=17,
-        extend_round_share=0.08,
-        ranks_extending_per_window=31.26,
-        requests_finished=6127,
-        requests_submitted=6636,
-    )
+    stats = pb.RunStats(output_tokens_per_second=12819, ttft_p50_seconds=0.3745, ttft_p99_seconds=1.37,
+                        gate_wait_p99_seconds=0.65, gate_wait_p99_rounds=17, extend_round_share=0.08,
+                        ranks_extending_per_window=31.26, requests_finished=6127, requests_submitted=6636)
     return pb.Snapshot(run_id="run-a", dp_size=64, executor="sim", state="serving", config=CONFIG, stats=stats)
 
 
@@ -339,15 +320,8 @@ async def test_editor_in_force_line_follows_the_engine() -> None:
         await settled(app, pilot)
         await pilot.press("e")
         await pilot.pause()
-        changed = pb.GateConfig(
-            epoch=5,
-            attempt_interval=8,
-            any_interval=24,
-            enabled=True,
-            policy="gate",
-            changed_by="tuner",
-            reason="TTFT p99 over budget",
-        )
+        changed = pb.GateConfig(epoch=5, attempt_interval=8, any_interval=24, enabled=True, policy="gate",
+                                changed_by="tuner", reason="TTFT p99 over budget")
         app.store.record(record(2, [row(0, has_decode_work=True)], config=changed))
         app.refresh_now()
         await pilot.pause()

@@ -39,29 +39,14 @@ def rows_at(index: int) -> list[pb.RankRow]:
         row(1, want_prefill=False, has_decode_work=True, batch_size=9, occupancy=0.95, waiting_prompts=index // 4),
         row(2, want_prefill=False, has_decode_work=True, batch_size=6, occupancy=0.5, waiting_prompts=0),
         row(3, want_prefill=False, has_decode_work=False, batch_size=0, occupancy=0.1),
-        row(
-            4,
-            want_prefill=index % 12 != 0,
-            has_decode_work=True,
-            batch_size=5,
-            occupancy=0.7,
-            num_extends=1 if index % 12 == 0 else 0,
-            planned_prefill=index % 12 == 0,
-            waiting_prompts=3,
-        ),
+        row(4, want_prefill=index % 12 != 0, has_decode_work=True, batch_size=5, occupancy=0.7,
+            num_extends=1 if index % 12 == 0 else 0, planned_prefill=index % 12 == 0, waiting_prompts=3),
         row(5, want_prefill=False, has_decode_work=True, batch_size=7, occupancy=0.6, waiting_prompts=2),
     ]
 
 
-RECORDS = [
-    record(
-        i,
-        rows_at(i),
-        point=pb.GATE_POINT_ANY if i % 12 == 0 and i else pb.GATE_POINT_NONE,
-        opened=i % 12 == 0 and i > 0,
-    )
-    for i in range(1, 121)
-]
+RECORDS = [record(i, rows_at(i), point=pb.GATE_POINT_ANY if i % 12 == 0 and i else pb.GATE_POINT_NONE,
+                  opened=i % 12 == 0 and i > 0) for i in range(1, 121)]
 
 
 def replay_app() -> ConsoleApp:
@@ -74,15 +59,8 @@ def listed(app: ConsoleApp) -> list[int]:
 
 
 async def test_grid_cursor_detail_help_and_palette() -> None:
-    tuned = pb.GateConfig(
-        epoch=4,
-        attempt_interval=4,
-        any_interval=24,
-        enabled=True,
-        policy="gate",
-        changed_by="tuner",
-        reason="TTFT p99 1.8 s > 1.5 s budget -> K 12->24",
-    )
+    tuned = pb.GateConfig(epoch=4, attempt_interval=4, any_interval=24, enabled=True, policy="gate",
+                          changed_by="tuner", reason="TTFT p99 1.8 s > 1.5 s budget -> K 12->24")
     records = [*RECORDS[:-1], record(120, rows_at(120), config=tuned)]
     clock = Clock()
     app = ConsoleApp(ScriptedLive(records), clock=clock)  # type: ignore[arg-type]
@@ -128,27 +106,8 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
         text = app.screen.plain_text(width=200)
         for binding in app.BINDINGS:
             assert binding.tooltip in text
-        for title in (
-            "want",
-            "dec",
-            "pre",
-            "batch",
-            "run",
-            "tokens",
-            "ext",
-            "since",
-            "occupancy",
-            "occ%",
-            "chunks",
-            "wait",
-            "reads",
-            "retr",
-            "history",
-            "heatmap",
-            "alerts",
-            "summary line",
-            "⚠",
-        ):
+        for title in ("want", "dec", "pre", "batch", "run", "tokens", "ext", "since", "occupancy", "occ%", "chunks",
+                      "wait", "reads", "retr", "history", "heatmap", "alerts", "summary line", "⚠"):
             assert re.search(rf"(^|[ /,]){re.escape(title)}([ /,]|$)", text, re.MULTILINE), title
         # under a dialog the dimmed main screen is redrawn once a second, not on every tick
         summary = app.screen_stack[0].query_one(SummaryLine)
@@ -166,10 +125,8 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
         assert app.is_running
 
         # the tuner's last change and reason: in the header and the alerts (listed, not counted)
-        assert (
-            "changed by tuner at epoch 4: TTFT p99 1.8 s > 1.5 s budget -> K 12->24" in "\n".join(screen_text(app)[:3])
-            or app.size.width < 140
-        )
+        assert "changed by tuner at epoch 4: TTFT p99 1.8 s > 1.5 s budget -> K 12->24" in \
+            "\n".join(screen_text(app)[:3]) or app.size.width < 140
         await pilot.press("a")
         assert isinstance(app.screen, AlertsScreen)
         alerts = str(app.screen.query_one("#list").render())
@@ -183,20 +140,8 @@ async def test_grid_cursor_detail_help_and_palette() -> None:
         await pilot.press("ctrl+p")
         assert isinstance(app.screen, CommandPalette)
         titles = {command.title for command in app.get_system_commands(app.screen)}
-        assert {
-            "Pause or resume",
-            "Back one round",
-            "Go to round",
-            "Sort ranks",
-            "Filter ranks",
-            "History heatmap",
-            "Alerts",
-            "Rank detail",
-            "Edit gate intervals",
-            "Disable the gate",
-            "Help",
-            "Quit",
-        } <= titles
+        assert {"Pause or resume", "Back one round", "Go to round", "Sort ranks", "Filter ranks", "History heatmap",
+                "Alerts", "Rank detail", "Edit gate intervals", "Disable the gate", "Help", "Quit"} <= titles
         await pilot.press("escape")
 
 

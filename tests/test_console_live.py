@@ -296,11 +296,8 @@ async def test_unreachable_target_then_server_appears_then_restarts() -> None:
 
         second = await start_server(port)
         try:
-            await until(
-                pilot,
-                lambda: app.store.run_id == second.controller.run_id and app.store.history,
-                "rounds from the restarted server",
-            )
+            await until(pilot, lambda: app.store.run_id == second.controller.run_id and app.store.history,
+                        "rounds from the restarted server")
             await until(pilot, lambda: shown_link(app) is Link.LIVE, "live on the restarted server")
             assert "the server restarted" in app.store.notice_text and first_run in app.store.notice_text
             assert "the server restarted" in header_text(app).splitlines()[2]
@@ -343,28 +340,10 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     """A key and certificate for 127.0.0.1 (the openssl CLI: `cryptography` is not installed here)."""
     key, cert = directory / "key.pem", directory / "cert.pem"
     subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
     )
     return key, cert
 

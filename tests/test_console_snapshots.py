@@ -81,11 +81,8 @@ def test_disconnected(snap_compare) -> None:
     async def disconnect(pilot: Pilot) -> None:
         await settle(pilot)
         clock.now += 12
-        app.store.status(
-            Link.RECONNECTING,
-            "cannot reach 127.0.0.1:50151: connection refused (is the server running on that port?); attempt 4",
-            retry_in_s=4.0,
-        )
+        app.store.status(Link.RECONNECTING, "cannot reach 127.0.0.1:50151: connection refused (is the server "
+                                            "running on that port?); attempt 4", retry_in_s=4.0)
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=disconnect)

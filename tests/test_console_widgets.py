@@ -25,28 +25,10 @@ from prefill_gate.v1 import types_pb2 as pb
 from tests.console_pilot import Clock, record, row
 
 ROWS = [
-    row(
-        0,
-        want_prefill=True,
-        has_decode_work=True,
-        batch_size=12,
-        num_tokens=2060,
-        num_extends=1,
-        planned_prefill=True,
-        occupancy=0.42,
-        resident_chunks=1,
-        waiting_prompts=3,
-    ),
-    row(
-        1,
-        want_prefill=False,
-        has_decode_work=True,
-        batch_size=9,
-        num_tokens=9,
-        occupancy=0.95,
-        waiting_prompts=4,
-        retracted=2,
-    ),
+    row(0, want_prefill=True, has_decode_work=True, batch_size=12, num_tokens=2060, num_extends=1,
+        planned_prefill=True, occupancy=0.42, resident_chunks=1, waiting_prompts=3),
+    row(1, want_prefill=False, has_decode_work=True, batch_size=9, num_tokens=9, occupancy=0.95, waiting_prompts=4,
+        retracted=2),
     row(2, want_prefill=False, has_decode_work=False, occupancy=0.0),
     row(3, want_prefill=True, has_decode_work=True, batch_size=7, num_tokens=7, occupancy=0.88, storage_reads=2),
 ]
@@ -105,11 +87,8 @@ def test_store_stale_after_silence_and_reconnect_countdown() -> None:
 def test_rate_and_figures_from_the_records() -> None:
     store = Store("t", live=False, clock=Clock())
     marks_in = [
-        (pb.GATE_POINT_ALL, True, 3),
-        (pb.GATE_POINT_NONE, False, 0),
-        (pb.GATE_POINT_ANY, False, 0),
-        (pb.GATE_POINT_ANY, True, 1),
-        (pb.GATE_POINT_ALL, False, 0),
+        (pb.GATE_POINT_ALL, True, 3), (pb.GATE_POINT_NONE, False, 0), (pb.GATE_POINT_ANY, False, 0),
+        (pb.GATE_POINT_ANY, True, 1), (pb.GATE_POINT_ALL, False, 0),
     ]
     for index, (point, opened, extending) in enumerate(marks_in):
         rows = [row(r, num_extends=1 if r < extending else 0) for r in range(4)]
@@ -119,11 +98,7 @@ def test_rate_and_figures_from_the_records() -> None:
     assert state.figures.extend_share == pytest.approx(2 / 5)
     assert state.figures.ranks_per_window == pytest.approx((3 + 1) / 2)
     assert (state.figures.any_open, state.figures.any_shut, state.figures.all_open, state.figures.all_shut) == (
-        1,
-        1,
-        1,
-        1,
-    )
+        1, 1, 1, 1)
     assert figures([]).extend_share is None
 
 
@@ -157,12 +132,10 @@ def test_timeline_glyphs() -> None:
 
 
 def test_field_violations_from_trailing_metadata() -> None:
-    bad = error_details_pb2.BadRequest(
-        field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field="any_interval", description="must be >= 4"),
-            error_details_pb2.BadRequest.FieldViolation(field="any_interval", description="must be an integer"),
-        ]
-    )
+    bad = error_details_pb2.BadRequest(field_violations=[
+        error_details_pb2.BadRequest.FieldViolation(field="any_interval", description="must be >= 4"),
+        error_details_pb2.BadRequest.FieldViolation(field="any_interval", description="must be an integer"),
+    ])
     status = status_pb2.Status(code=3, message="bad")
     status.details.add().Pack(bad)
     metadata = (("other", "x"), ("grpc-status-details-bin", status.SerializeToString()))
@@ -188,9 +161,8 @@ def test_targets_and_credentials(tmp_path) -> None:
 
 def fixed_app(records: list[pb.RoundRecord]) -> ConsoleApp:
     frozen = Clock()
-    return ConsoleApp(
-        ReplaySource(iter(records), "fixed.pgrec", speed=0, clock=frozen), limit=len(records), clock=frozen
-    )
+    return ConsoleApp(ReplaySource(iter(records), "fixed.pgrec", speed=0, clock=frozen), limit=len(records),
+                      clock=frozen)
 
 
 def grid_lines(grid: RankGrid) -> list[str]:
@@ -207,15 +179,11 @@ async def test_rank_grid_text_and_highlights(width: int) -> None:
         grid = app.query_one(RankGrid)
         lines = grid_lines(grid)
         columns = Columns.fit(grid.scrollable_content_region.width)
-        titles = (
-            ["rank", "w", "d", "p", "batch"] if columns.layout == "compact" else ["rank", "want", "dec", "pre", "batch"]
-        )
+        titles = ["rank", "w", "d", "p", "batch"] if columns.layout == "compact" else ["rank", "want", "dec", "pre",
+                                                                                       "batch"]
         assert lines[0].split()[:5] == titles
-        assert (
-            lines[1].split()[:6] == ["0", "●", "●", "▶", "12", "2060"]
-            if not columns.wide
-            else lines[1].split()[:7] == ["0", "●", "●", "▶", "12", "0", "2060"]
-        )
+        assert lines[1].split()[:6] == ["0", "●", "●", "▶", "12", "2060"] if not columns.wide else \
+            lines[1].split()[:7] == ["0", "●", "●", "▶", "12", "0", "2060"]
         blocks = "blocks ALL" if columns.wide else "⊘ALL"
         assert blocks in lines[2] and "95%" in lines[2]  # rank 1: want=false, decodes=true, above 0.9
         assert ("blocks ALL >0.9" if columns.wide else "⊘ALL!") in lines[2]
@@ -251,10 +219,8 @@ async def test_blocking_ranks_stand_out_only_while_someone_wants_prefill() -> No
 
 
 async def test_header_timeline_and_panel_text() -> None:
-    records = [
-        record(i, ROWS, point=pb.GATE_POINT_ALL if i % 4 == 0 else pb.GATE_POINT_NONE, opened=i == 8, counter=i % 12)
-        for i in range(20)
-    ]
+    records = [record(i, ROWS, point=pb.GATE_POINT_ALL if i % 4 == 0 else pb.GATE_POINT_NONE,
+                      opened=i == 8, counter=i % 12) for i in range(20)]
     records.append(record(25, ROWS, point=pb.GATE_POINT_ANY, opened=True, dropped_before=4))
     app = fixed_app(records)
     async with app.run_test(size=(160, 40)) as pilot:
@@ -318,7 +284,7 @@ def test_every_field_the_console_shows_is_emitted_by_the_control_plane() -> None
     message = round_record(engine_record, "run-x")
     for name in RECORD_FIELDS_READ:
         value = getattr(message, name)
-        assert len(value) if name == "ranks" else message.HasField(name) if name == "config" else value, name
+        assert (len(value) if name == "ranks" else message.HasField(name) if name == "config" else value), name
 
     summary, _ = run_sim(sample_args(2), sample_workload(2), rounds=400)
     # records the engine's hand-off dropped; spans the exporter dropped
@@ -366,12 +332,8 @@ def test_filter_words_and_refusals() -> None:
         since = fields.pop("since", None)
         return RankView(row(rank, **fields), rank, blocks, blocks, since, bool(fields.get("retracted")))  # type: ignore[arg-type]
 
-    views = [
-        view(0, want_prefill=True, occupancy=0.2, waiting_prompts=5),
-        view(1, blocks=True, occupancy=0.95),
-        view(2, num_extends=1, occupancy=0.5, since=0),
-        view(3, retracted=2, since=40),
-    ]
+    views = [view(0, want_prefill=True, occupancy=0.2, waiting_prompts=5), view(1, blocks=True, occupancy=0.95),
+             view(2, num_extends=1, occupancy=0.5, since=0), view(3, retracted=2, since=40)]
 
     def ranks(text: str) -> list[int]:
         rank_filter = parse_filter(text)
@@ -383,12 +345,8 @@ def test_filter_words_and_refusals() -> None:
     assert ranks("wait>=5") == [0] and ranks("want") == [0] and ranks("ext") == [2] and ranks("alert") == [3]
     assert ranks("since>10") == [0, 1, 3]  # never extended within the rounds held counts as longest
     assert ranks("1-2") == [1, 2] and ranks("3") == [3] and ranks("1-3 !blocks") == [2, 3]
-    for bad, message in (
-        ("frob", "not a filter word"),
-        ("5-2", "low-high"),
-        ("occ>7", "occupancy is 0..1"),
-        ("²", "not a filter word"),
-    ):  # a digit to str.isdigit(), not a number to int()
+    for bad, message in (("frob", "not a filter word"), ("5-2", "low-high"), ("occ>7", "occupancy is 0..1"),
+                         ("²", "not a filter word")):  # a digit to str.isdigit(), not a number to int()
         with pytest.raises(FilterError, match=message):
             parse_filter(bad)
     assert [v.row.rank for v in sort_views(views, "since")] == [0, 1, 3, 2]
@@ -416,19 +374,9 @@ def test_alerts_from_the_rounds_held_and_the_run() -> None:
     from console.digest import digest
 
     bounds = Bounds(above_rounds=5, growing_rounds=4, gate_wait_p99_s=1.0)
-    history = [
-        digest(
-            record(
-                i,
-                [
-                    row(0, occupancy=0.95),
-                    row(1, occupancy=0.95 if i > 6 else 0.5, waiting_prompts=i),
-                    row(2, waiting_prompts=3),
-                ],
-            )
-        )
-        for i in range(10)
-    ]
+    history = [digest(record(i, [row(0, occupancy=0.95), row(1, occupancy=0.95 if i > 6 else 0.5,
+                                                                waiting_prompts=i), row(2, waiting_prompts=3)]))
+               for i in range(10)]
     alerts = rank_alerts(history[::-1], bounds)
     assert {(a.kind, a.rank) for a in alerts} == {("watermark", 0), ("waiting", 1)}  # rank 1: 3 rounds above
     assert rank_alerts(history[::-1][:3], bounds) == []  # too few rounds held to say
@@ -444,14 +392,10 @@ def test_alerts_from_the_rounds_held_and_the_run() -> None:
     # the exporter's health (TracingStatus): raised while it fails or stalls, not while it is ok
     from prefill_gate.v1 import tracing_pb2 as tracing_pb
 
-    failing = pb.RunStats(
-        tracing=tracing_pb.TracingStatus(
-            enabled=True, exporter_state="failing", exporter_queued=120, exporter_detail="UNAVAILABLE"
-        )
-    )
+    failing = pb.RunStats(tracing=tracing_pb.TracingStatus(enabled=True, exporter_state="failing", exporter_queued=120,
+                                                   exporter_detail="UNAVAILABLE"))
     assert [a.text for a in run_alerts(failing, 0, None, bounds)] == [
-        "the trace exporter is failing (120 spans queued): UNAVAILABLE"
-    ]
+        "the trace exporter is failing (120 spans queued): UNAVAILABLE"]
     healthy = pb.RunStats(tracing=tracing_pb.TracingStatus(enabled=True, exporter_state="ok"))
     assert run_alerts(healthy, 0, None, bounds) == []
 

@@ -49,7 +49,6 @@ def step(policy: PrefillPolicy, rows: list[Row], local: LocalView = DECODING) ->
 
 # -- sglang-delayer ------------------------------------------------------------------------------------
 
-
 # Restated from SGLang's negotiate table: sgl-project/sglang test/registered/scheduler/test_prefill_delayer.py
 # (`_NEGOTIATE_TEST_CASES`, 4 ranks). Each call is (prefillable per rank, token usage per rank).
 @dataclass(frozen=True)
@@ -67,14 +66,14 @@ MIX = (T, F, T, F)
 HIGH = (0.9, 0.9, 0.9, 0.9)
 SGLANG_TABLE = (
     NegotiateCase("all_prefillable", 100, 0.8, (((T, T, T, T), HIGH),), True, "no_wait"),
-    NegotiateCase(
-        "all_prefillable_with_previous_wait", 100, 0.8, ((MIX, HIGH), ((T, T, T, T), HIGH)), True, "wait_success"
-    ),
+    NegotiateCase("all_prefillable_with_previous_wait", 100, 0.8, ((MIX, HIGH), ((T, T, T, T), HIGH)), True,
+                  "wait_success"),
     NegotiateCase("none_prefillable", 100, 0.8, (((F, F, F, F), HIGH),), True, ""),
     NegotiateCase("mixed_delay", 100, 0.8, ((MIX, HIGH),), False, "delay"),
     NegotiateCase("mixed_watermark_force_allow", 100, 0.8, ((MIX, (0.5, 0.9, 0.9, 0.9)),), True, "token_watermark"),
     NegotiateCase("mixed_watermark_disabled", 100, None, ((MIX, (0.5, 0.9, 0.9, 0.9)),), False, "delay"),
-    NegotiateCase("mixed_watermark_not_prefillable", 100, 0.8, (((F, F, T, F), (0.5, 0.9, 0.9, 0.9)),), False, "delay"),
+    NegotiateCase("mixed_watermark_not_prefillable", 100, 0.8, (((F, F, T, F), (0.5, 0.9, 0.9, 0.9)),), False,
+                  "delay"),
     NegotiateCase("mixed_timeout", 3, 0.8, ((MIX, HIGH),) * 3, True, "wait_timeout"),
 )
 
@@ -85,25 +84,16 @@ def test_sglang_negotiate_table(case: NegotiateCase):  # SGLang's ALL/NONE/MIXED
     for prefillable, usage in case.calls:
         low = case.low_watermark
         force = [p and low is not None and u < low for p, u in zip(prefillable, usage, strict=True)]
-        outcome = negotiate(
-            prefillable,
-            force,
-            [0] * 4,
-            [0.0] * 4,
-            max_running=64,
-            delayed=delayed,
-            skip_first=skip_first,
-            max_delay_passes=case.max_delay_passes,
-        )
+        outcome = negotiate(prefillable, force, [0] * 4, [0.0] * 4, max_running=64, delayed=delayed,
+                            skip_first=skip_first, max_delay_passes=case.max_delay_passes)
         delayed, skip_first = outcome.delayed, outcome.skip_first
     assert (outcome.allow, outcome.reason) == (case.allow, case.reason)
 
 
 @pytest.mark.parametrize("case", [c for c in SGLANG_TABLE if c.name != "none_prefillable"], ids=lambda c: c.name)
 def test_sglang_policy_replays_the_table_on_rows(case: NegotiateCase):  # symbols P_r, WM_r derived from rows
-    policy = SGLangDelayerPolicy(
-        sim_args(dp_size=4), max_delay_passes=case.max_delay_passes, token_usage_low_watermark=case.low_watermark
-    )
+    policy = SGLangDelayerPolicy(sim_args(dp_size=4), max_delay_passes=case.max_delay_passes,
+                                 token_usage_low_watermark=case.low_watermark)
     for prefillable, usage in case.calls:
         flags = enumerate(zip(prefillable, usage, strict=True))
         rows = [waiting(r, usage=u) if p else decoding(r, usage=u) for r, (p, u) in flags]
@@ -191,7 +181,8 @@ def coalescer(**overrides: float) -> Coalescer:
 
 def sig(pending: int, *, ranks: int = 1, prefillable: int = 1, running_decode: int = 64, **flags: bool) -> Signals:
     """Group sums of one tick (one rank, 64 decoding, unless told)."""
-    return Signals(ranks=ranks, prefillable=prefillable, pending_tokens=pending, running_decode=running_decode, **flags)
+    return Signals(ranks=ranks, prefillable=prefillable, pending_tokens=pending, running_decode=running_decode,
+                   **flags)
 
 
 # Restated from ROCm/ATOM tests/test_prefill_delayer.py: (case, overrides, ticks, expected fire per tick, reason).
@@ -202,45 +193,20 @@ ATOM_TABLE = (
     ("no_decode_fires", {}, [sig(1000, running_decode=0)], [T], "nodecode"),
     ("kv_high_fires", {}, [sig(1000, kv_high=True)], [T], "kv"),
     ("kv_low_fires_when_watermark_set", {}, [sig(1000, kv_low=True)], [T], "kv"),
-    (
-        "ttft_bound_fires",
-        {"ttft_max_ticks": 3, "stall_ticks": 1000},
-        [sig(1000), sig(2000), sig(3000), sig(4000)],
-        [F, F, F, T],
-        "ttft",
-    ),
+    ("ttft_bound_fires", {"ttft_max_ticks": 3, "stall_ticks": 1000},
+     [sig(1000), sig(2000), sig(3000), sig(4000)], [F, F, F, T], "ttft"),
     ("stall_fires_when_queue_not_growing", {"ttft_max_ticks": 1000}, [sig(1000)] * 4, [F, F, F, T], "stall"),
-    (
-        "growth_resets_stall",
-        {"stall_ticks": 2, "ttft_max_ticks": 1000},
-        [sig(1000), sig(1000), sig(2000), sig(2000), sig(2000)],
-        [F, F, F, F, T],
-        "stall",
-    ),
-    (
-        "small_partial_does_not_fire_immediately",
-        {"partial_max_ticks": 3, "ttft_max_ticks": 1000, "stall_ticks": 1000},
-        [sig(500, partial=True)] * 2,
-        [F, F],
-        "fill-wait",
-    ),
-    (
-        "partial_fires_after_partial_deadline",
-        {"partial_max_ticks": 2, "ttft_max_ticks": 1000, "stall_ticks": 1000},
-        [sig(500, partial=True)] * 3,
-        [F, F, T],
-        "partial",
-    ),
+    ("growth_resets_stall", {"stall_ticks": 2, "ttft_max_ticks": 1000},
+     [sig(1000), sig(1000), sig(2000), sig(2000), sig(2000)], [F, F, F, F, T], "stall"),
+    ("small_partial_does_not_fire_immediately", {"partial_max_ticks": 3, "ttft_max_ticks": 1000, "stall_ticks": 1000},
+     [sig(500, partial=True)] * 2, [F, F], "fill-wait"),
+    ("partial_fires_after_partial_deadline", {"partial_max_ticks": 2, "ttft_max_ticks": 1000, "stall_ticks": 1000},
+     [sig(500, partial=True)] * 3, [F, F, T], "partial"),
     ("no_prefillable_rank_allows", {}, [sig(0, prefillable=0)], [T], "vacuous"),
     ("mixed_holds_even_when_full", {"ttft_max_ticks": 1000}, [sig(BUDGET, ranks=2)], [F], "align"),
     ("aligned_fires_when_full", {"ttft_max_ticks": 1000}, [sig(2 * BUDGET, ranks=2, prefillable=2)], [T], "fill"),
-    (
-        "mixed_released_by_ttft",
-        {"ttft_max_ticks": 2, "stall_ticks": 1000},
-        [sig(BUDGET, ranks=2)] * 3,
-        [F, F, T],
-        "ttft",
-    ),
+    ("mixed_released_by_ttft", {"ttft_max_ticks": 2, "stall_ticks": 1000}, [sig(BUDGET, ranks=2)] * 3, [F, F, T],
+     "ttft"),
 )
 
 
@@ -320,17 +286,10 @@ def test_atom_gives_up_after_stall_ticks_without_growth():  # STALL_TICKS 10
 
 def test_atom_signals_are_the_sums_of_the_rows():  # P_r, T_r, R_r, C_r, kv flags only from prefillable ranks
     policy = atom(token_usage_low_watermark=0.2)
-    policy.observe(
-        [
-            waiting(0, usage=0.1),
-            decoding(1, resident_chunks=1, pending_prefill_tokens=300),
-            decoding(2, usage=0.95),
-            waiting(3, usage=0.95),
-        ]
-    )
-    assert policy.signals() == Signals(
-        ranks=4, prefillable=2, pending_tokens=500, running_decode=15, kv_high=False, kv_low=True, partial=True
-    )
+    policy.observe([waiting(0, usage=0.1), decoding(1, resident_chunks=1, pending_prefill_tokens=300),
+                    decoding(2, usage=0.95), waiting(3, usage=0.95)])
+    assert policy.signals() == Signals(ranks=4, prefillable=2, pending_tokens=500, running_decode=15, kv_high=False,
+                                       kv_low=True, partial=True)
     assert not atom().signals()  # before the first gather
     policy = atom()
     policy.observe([waiting(0, usage=0.001)])
@@ -342,7 +301,6 @@ def test_atom_holds_resident_chunks():  # ATOM's permission covers partials too
 
 
 # -- vllm-cadence --------------------------------------------------------------------------------------
-
 
 def cadence(interval: int = 2, rank: int = 0) -> VllmCadencePolicy:
     return VllmCadencePolicy(sim_args(dp_size=2), rank, interval=interval)
@@ -407,7 +365,6 @@ def test_vllm_reads_its_own_row_without_dp_attention():  # R7: observe gets only
 
 # -- trtllm-balance ------------------------------------------------------------------------------------
 
-
 def balance(**overrides: int) -> TrtllmBalancePolicy:
     return TrtllmBalancePolicy(sim_args(dp_size=2, max_num_seqs=16), **overrides)  # M = 8
 
@@ -454,7 +411,6 @@ def test_trtllm_holds_chunks_as_context_work():  # chunks are context requests
 
 
 # -- oracle bound --------------------------------------------------------------------------------------
-
 
 def test_oracle_extend_rounds_is_the_busiest_ranks_ceil():  # per rank ceil(tokens / budget), max over ranks
     requests = [(0, 1000, 0, 5), (0, 600, 100, 5), (1, 2049, 0, 5), (2, 10, 9, 1)]

@@ -86,7 +86,6 @@ def test_peers_decide_from_rows_not_from_the_local_view():  # group policies rea
 
 # -- every policy on the lockstep driver -------------------------------------------------------------------
 
-
 def run_to_completion(name: str, args: ServerArgs, requests: int = 24, max_rounds: int = 2000):
     """A decode background on every rank, then `requests` scattered requests (some longer than a chunk,
     rank 0 getting twice its share); steps until every request finished."""

@@ -121,7 +121,9 @@ def test_an_operators_change_is_respected_for_its_window_then_tuned_from():
     manual = config(1, 16, 64, "operator", "operator: A 8->16, K 32->64")
     assert feed(tuner, range(101, 1100), manual) == []  # 1000 rounds x 30 ms = 30 s: still respected
     assert tuner.pending is None  # the operator's epoch overtook the tuner's proposal
-    assert tuner.take_events()[-1] == ("operator changed the config to A=16 K=64 at round 101: respecting it for 30 s")
+    assert tuner.take_events()[-1] == (
+        "operator changed the config to A=16 K=64 at round 101: respecting it for 30 s"
+    )
     [(at, after)] = feed(tuner, range(1100, 1110), manual)
     assert after.expected_epoch == 1 and after.target == Intervals(8, 64) and at * ROUND_S >= 30.0
 
