@@ -39,8 +39,8 @@ LAB_POLICIES: tuple[str, ...] = (*POLICIES, AUTOTUNE)
 # h200-dp8-ep8 one extend round costs more than the ITL budget, and the probes ended before the tuner had
 # climbed out of it (quick capacity runs: bursty 0.98 req/s from A=1 K=4, 7.95 from A=8 K=32; none lower).
 COLD_START = PrefillDelay(8, 32)
-# The SLO it aims at in the fixed-load lab (the capacity lab's default): TTFT p99 2 s, ITL p99 0.2 s.
-FIXED_LOAD_SLO = (2.0, 0.2)
+# The SLO it aims at in the fixed-load lab (the capacity lab's default): TTFT p99 2 s, ITL p99 0.5 s.
+FIXED_LOAD_SLO = (2.0, 0.5)
 RUN_ID = "lab"
 # The lab's probes measure after a warm-up of 6-20 simulated seconds: the tuner gets a shorter dwell and
 # window and a looser change cap than its live defaults (the same flags `tune` takes), so that it can settle

@@ -70,6 +70,27 @@ def test_mooncake_trace_loads_with_its_prefix_blocks(mooncake: TraceData):  # fo
 
 
 @needs_shared
+def test_mooncake_buckets_are_spread_so_no_two_requests_share_a_time(mooncake: TraceData):
+    # The release's timestamps are 3 s buckets (1,180 distinct values for 12,031 requests): replayed as
+    # recorded, a bucket is one burst at every speed. Spread, every request has its own time, each within its
+    # bucket, in file order.
+    assert mooncake.bucket_s == pytest.approx(3.0, abs=0.01) and "3 s buckets" in mooncake.describe()
+    times = [a.time for a in mooncake.arrivals]
+    assert len(set(times)) == len(times) and times == sorted(times)
+    assert mooncake.arrivals[1].time == pytest.approx(0.3)  # the first bucket's 10 requests, 0.3 s apart
+
+
+def test_bucketed_timestamps_spread_evenly_and_distinct_ones_stay(tmp_path: Path):
+    bucketed = "".join(mooncake_line(t, 600, 5, [0, 1]) + "\n" for t in (0, 0, 0, 3000, 3000, 6000, 6000, 6000, 6000))
+    data = load_trace_file(write(tmp_path, "b.jsonl", bucketed))
+    assert data.bucket_s == pytest.approx(3.0)
+    assert [a.time for a in data.arrivals] == pytest.approx([0, 1, 2, 3, 4.5, 6, 6.75, 7.5, 8.25])
+    distinct = "".join(mooncake_line(t, 600, 5, [0, 1]) + "\n" for t in (0, 700, 3000, 3001, 9000))
+    kept = load_trace_file(write(tmp_path, "d.jsonl", distinct))
+    assert kept.bucket_s is None and [a.time for a in kept.arrivals] == [0, 0.7, 3.0, 3.001, 9.0]
+
+
+@needs_shared
 def test_azure_trace_loads_as_seconds_since_its_first_request():  # format by CSV header
     data = load_trace_file(AZURE)
     assert data.format == "azure-csv" and data.block_tokens is None

@@ -97,10 +97,17 @@ def test_gate_autotune_is_a_lab_policy_that_starts_cold_and_brings_its_tuner():
     from lab.capacity.knobs import configure, settings_of
 
     assert AUTOTUNE in LAB_POLICIES
-    [setting] = settings_of(AUTOTUNE, quick=True)  # nothing swept: choosing A and K is the tuner's job
+    # Swept: only the launch config it starts from (the demo's or the least held) and the engine's mode;
+    # choosing A and K from there is the tuner's job.
+    grid = settings_of(AUTOTUNE, quick=True)
+    assert {(dict(s)["A"], dict(s)["K"]) for s in grid} == {(8, 32), (1, 2)} and len(grid) == 4
+    setting = grid[0]
     args, factory = configure(AUTOTUNE, setting, sim_args(dp_size=2))
     delay = args.prefill_delay
     assert (delay.attempt_interval, delay.any_interval) == (8, 32) and isinstance(factory, AutotunedGate)
+    assert not args.enable_mixed_prefill_decode
+    mixed_args, _ = configure(AUTOTUNE, grid[1], sim_args(dp_size=2))
+    assert mixed_args.enable_mixed_prefill_decode
     client = factory.client(2.0, 0.2)
     assert (client.tuner.slo.ttft_p99_s, client.tuner.slo.itl_p99_s) == (2.0, 0.2)
     assert factory.client(2.0, 0.2).tuner is not client.tuner  # a fresh tuner per run: probes are independent

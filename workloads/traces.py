@@ -12,6 +12,11 @@ Three formats, told apart by the file's first non-blank line (a CSV header or a 
   "Mooncake: Trading More Storage for Less Computation", FAST 2025). One object a line with
   ``timestamp`` (ms since the trace start), ``input_length``, ``output_length`` and ``hash_ids``: one id
   per 512-token prefix block, equal ids are the same prefix (modelled by `workloads.prefix_cache`).
+  The conversation release's timestamps come in buckets of ~3 s (1,180 distinct values for 12,031
+  requests, up to 28 in one): replayed as recorded, each bucket's requests would all land in one round
+  at any replay speed, a burst no speed relieves and no real client sends. `spread_buckets` spreads
+  each bucket's requests evenly over the bucket, in file order (`TraceData.bucket_s` says so); a trace
+  whose timestamps are mostly distinct is replayed as recorded.
 - ``jsonl``: this project's own ``{"t", "prompt_len", "output_len", ["rank"], ["prefix_hit"]}`` (seconds).
   Hand-written files need not be in time order: they are replayed sorted (equal times keep file order).
 
@@ -32,8 +37,9 @@ import math
 import random
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 
 from workloads.arrivals import Arrival, ArrivalStream
@@ -70,6 +76,7 @@ class TraceData:
     format: str
     arrivals: tuple[Arrival, ...]
     block_tokens: int | None = None
+    bucket_s: float | None = None  # the timestamps' bucket, spread over on loading (None: as recorded)
 
     def __len__(self) -> int:
         return len(self.arrivals)
@@ -86,10 +93,37 @@ class TraceData:
         output = sum(a.output_len or 0 for a in self.arrivals) / max(count, 1)
         rate = f"{count / self.span_s:.2f} req/s" if self.span_s > 0 else "all at once"
         blocks = f", prefix blocks of {self.block_tokens} tokens" if self.block_tokens else ""
+        spread = f", timestamps in {self.bucket_s:g} s buckets spread evenly" if self.bucket_s else ""
         return (
             f"{self.path} ({self.format}): {count:,} requests over {self.span_s:,.1f} s ({rate}), "
-            f"mean prompt {prompt:,.0f} / output {output:,.0f} tokens{blocks}"
+            f"mean prompt {prompt:,.0f} / output {output:,.0f} tokens{blocks}{spread}"
         )
+
+
+def spread_buckets(arrivals: Sequence[Arrival]) -> tuple[tuple[Arrival, ...], float | None]:
+    """Arrivals whose timestamps come in buckets (most requests share a timestamp with others, distinct
+    timestamps at least 0.5 s apart) spread evenly over each bucket, in order: a bucket of n requests at
+    t is replayed at t + i * w / n, w the gap to the next bucket (at most the median gap). Returns the
+    arrivals and the bucket (the median gap), or the arrivals unchanged and None when not bucketed."""
+    times = sorted({a.time for a in arrivals})
+    if len(times) < 2 or len(times) > len(arrivals) / 2:
+        return tuple(arrivals), None
+    gaps = sorted(b - a for a, b in pairwise(times))
+    bucket = gaps[len(gaps) // 2]
+    if gaps[0] < 0.5 or bucket <= 0:
+        return tuple(arrivals), None
+    following = dict(zip(times, [*times[1:], times[-1] + bucket], strict=True))
+    out: list[Arrival] = []
+    at = 0
+    while at < len(arrivals):
+        t = arrivals[at].time
+        end = at
+        while end < len(arrivals) and arrivals[end].time == t:
+            end += 1
+        width = min(following[t] - t, bucket) / (end - at)
+        out += [replace(a, time=t + i * width) for i, a in enumerate(arrivals[at:end])]
+        at = end
+    return tuple(out), bucket
 
 
 # -- reading ---------------------------------------------------------------------------------------------
@@ -219,7 +253,8 @@ def _read_mooncake(name: str, first: tuple[int, str], rest: Iterator[tuple[int, 
                 f"{most} an input of {prompt} tokens has"
             )
         arrivals.append(Arrival(stamp / 1000.0, prompt, output, blocks=tuple(ids)))
-    return TraceData(name, "mooncake-jsonl", tuple(arrivals), MOONCAKE_BLOCK_TOKENS)
+    spread, bucket = spread_buckets(arrivals)
+    return TraceData(name, "mooncake-jsonl", spread, MOONCAKE_BLOCK_TOKENS, bucket)
 
 
 def _read_simple(name: str, first: tuple[int, str], rest: Iterator[tuple[int, str]]) -> list[Arrival]:

@@ -131,6 +131,11 @@ class DecodeSet:
         self._last_step_time = now
         return samples
 
+    def open_gaps(self, now: float) -> list[tuple[float, int]]:
+        """The gaps still open at `now` (seconds since each cohort's previous token, requests), before `now`
+        only: what a decoding request that has not had its next token yet has waited so far."""
+        return [(now - last, count) for last, count in self._cohorts.items() if last < now]
+
     def take_finishing(self) -> list[Req]:
         """The requests that produced their last token this step (still members)."""
         done, self.finishing = self.finishing, []

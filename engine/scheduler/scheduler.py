@@ -522,6 +522,10 @@ class Scheduler:
         events, self._events = self._events, []
         return events
 
+    def open_itl(self, now: float) -> list[tuple[float, int]]:
+        """Inter-token gaps still open at `now` (seconds, requests): decoding requests waiting for a token."""
+        return self._decode.open_gaps(now)
+
     def take_itl(self) -> list[tuple[float, int]]:
         """Inter-token latency samples (seconds, requests) since the last call."""
         itl, self._itl = self._itl, []

@@ -17,9 +17,17 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
   default upstream).
 - vllm-cadence: `interval` (`--prefill-schedule-interval`; 1 is vLLM's default, off; #44558 recommends 2).
 - trtllm-balance: `timeout_iters` (50) and `batching_wait_iters` (10).
-- gate-autotune: none swept. The tuner starts cold on the launch config A=8, K=32 and moves A and K itself
-  to the SLO being searched (lab/autotune.py): choosing them is its job.
-- ungated, and any policy registered later without a space here: no knobs (one setting, its defaults).
+- gate-autotune: the launch config the tuner starts cold from, A=8 K=32 (the demo's) or A=1 K=2 (the least
+  held), is the operator's knob; from there the tuner moves A and K itself to the SLO being searched
+  (lab/autotune.py). Two starts, not the gate's grid: the tuner's own choice is what is measured. In a probe
+  of 30-110 s it makes few changes (its dwell is 100 rounds), so the start it was given weighs on the
+  capacity; the report names the start that won.
+- ungated: no knobs of its own.
+- `mixed` (0/1), for ungated, gate and gate-autotune: the engine's `--enable-mixed-prefill-decode`. The peers
+  run in the mode of the engine they restate (vLLM and TensorRT-LLM mixed, `engine.policies.registry`); the
+  engine the gate belongs to offers both modes (S3), so "the gate at its best" is swept over both, and so is
+  ungated (its mixed setting is vLLM's scheduler with no cadence, `vllm-cadence` interval 1).
+- any policy registered later without a space here: no knobs (one setting, its defaults).
 
 To give a new policy knobs: add its `KnobSpace` to `SPACES` (its knob names are keyword arguments of its
 factory in `engine.policies.registry`, unless `configure` maps them to server arguments as for the gate).
@@ -112,13 +120,17 @@ def _atom_space() -> KnobSpace:
     return KnobSpace(tuple(ladders), knobs(**default), tuple(coarse), tuple(quick))
 
 
+MIXED: tuple[str, tuple[float, ...]] = ("mixed", (0, 1))
+_GATE_COARSE = ((1, 2), (2, 8), (4, 16), (8, 32), (16, 64))
+_GATE_QUICK = ((1, 2), (4, 16))
+
 SPACES: dict[str, KnobSpace] = {
-    "ungated": KnobSpace((), (), (), ()),
+    "ungated": KnobSpace((MIXED,), knobs(mixed=0), (knobs(mixed=1),), (knobs(mixed=0), knobs(mixed=1))),
     "gate": KnobSpace(
-        (("A", (1, 2, 4, 8, 16, 32)), ("K", (2, 4, 8, 16, 32, 64, 128))),
-        knobs(A=8, K=32),
-        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (2, 8), (4, 16), (8, 32), (16, 64))),
-        tuple(knobs(A=a, K=k) for a, k in ((1, 2), (4, 16))),
+        (("A", (1, 2, 4, 8, 16, 32)), ("K", (2, 4, 8, 16, 32, 64, 128)), MIXED),
+        knobs(A=8, K=32, mixed=0),
+        tuple(knobs(A=a, K=k, mixed=m) for m in (0, 1) for a, k in _GATE_COARSE),
+        tuple(knobs(A=a, K=k, mixed=m) for m in (0, 1) for a, k in _GATE_QUICK),
         _gate_valid,
     ),
     "local-interval": KnobSpace(
@@ -145,7 +157,9 @@ SPACES: dict[str, KnobSpace] = {
     ),
 }
 
-SPACES[AUTOTUNE] = KnobSpace((), knobs(A=COLD_START.attempt_interval, K=COLD_START.any_interval), (), ())
+_STARTS = ((COLD_START.attempt_interval, COLD_START.any_interval), (1, 2))
+_AUTOTUNE_GRID = tuple(knobs(A=a, K=k, mixed=m) for a, k in _STARTS for m in (0, 1))
+SPACES[AUTOTUNE] = KnobSpace((MIXED,), _AUTOTUNE_GRID[0], _AUTOTUNE_GRID[1:], _AUTOTUNE_GRID)
 
 _NONE = KnobSpace((), (), (), ())
 
@@ -164,6 +178,8 @@ def _int_if_whole(value: float) -> float | int:
 def configure(policy: str, setting: Knobs, base: ServerArgs) -> tuple[ServerArgs, PolicyFactory]:
     """Server arguments and a per-rank policy factory for `policy` at `setting` (ValueError on a bad one)."""
     values = {name: _int_if_whole(value) for name, value in setting}
+    if values.pop("mixed", 0):
+        base = base.replace(enable_mixed_prefill_decode=True)
     if policy == AUTOTUNE:
         tuned = AutotunedGate(PrefillDelay(int(values["A"]), int(values["K"])), LAB_TUNING)
         return tuned.args(base), tuned

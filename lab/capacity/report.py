@@ -418,9 +418,9 @@ def render(
     tuned = autotune_lines(results, policies)
     if tuned:
         lines += [
-            f"{AUTOTUNE} (the gate launched at A={COLD_START.attempt_interval}, K={COLD_START.any_interval} and "
-            "moved live by the tuner toward this SLO; docs/autotune.md) against the gate at its best static (A, K) "
-            "and against the best peer:",
+            f"{AUTOTUNE} (the gate launched at A={COLD_START.attempt_interval} K={COLD_START.any_interval} or A=1 "
+            "K=2, the start that won named in the table, and moved live by the tuner toward this SLO; "
+            "docs/autotune.md) against the gate at its best static (A, K) and against the best peer:",
             "",
             *tuned,
             "",

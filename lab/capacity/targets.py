@@ -6,13 +6,14 @@ gives fresh server arguments, a fresh workload at a load, and the probe `Plan` a
 stop, where the measured window starts, and the most requests and decode tokens the window can hold (for the
 early exit). Durations shrink with `--quick` (`QUICK_SCALE` of a scenario's; a shorter trace window).
 
-Traces: the window is 6 minutes of the trace's own clock from `TRACE_START_S` (minutes 10 to 16: past the
-trace's first minutes, whose requests were already queued when recording began), replayed `speed` times
-faster; its first `TRACE_WARMUP_S` (trace seconds) are warm-up, the other `TRACE_WINDOW_S` are measured. A
-quick run replays two minutes. Six minutes, not more, because a probe simulates the window at the speed it
-tries, and the full run must fit its budget on two cores (each trace row is as costly as all scenarios).
-Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused on the rank that holds
-them, as SGLang's cache-aware router does).
+Traces: the window is `TRACE_WINDOW_S` of the trace's own clock after `TRACE_WARMUP_S` of warm-up, from
+`TRACE_START_S` (minute 10: past the trace's first minutes, whose requests were already queued when recording
+began), replayed `speed` times faster. A quick run measures `QUICK_TRACE_WINDOW_S`. The window is short (90 s:
+about 490 Azure and 300 Mooncake requests) because a probe simulates it at the speed it tries, and on the
+Mooncake trace every policy's capacity is a few hundredths of real time (its 12k-token prompts queue behind one
+another on a rank), so one probe of a 90 s window simulates about an hour; the full run must fit its budget of
+45 minutes on two cores. Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused
+on the rank that holds them, as SGLang's cache-aware router does).
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ from workloads import Workload
 
 QUICK_SCALE = 0.3
 TRACE_START_S = 600.0
-TRACE_WINDOW_S = 300.0
-TRACE_WARMUP_S = 60.0
-QUICK_TRACE_WINDOW_S = 100.0
-QUICK_TRACE_WARMUP_S = 20.0
+TRACE_WINDOW_S = 90.0
+TRACE_WARMUP_S = 20.0
+QUICK_TRACE_WINDOW_S = 30.0
+QUICK_TRACE_WARMUP_S = 10.0
 TRACE_ROUTER = "prefix-affinity"
 # ~40 GB of FP8 MLA KV at ~40 KB per token (the figure engine/executor/presets.py uses): 1M tokens per rank.
 TRACE_KV_TOKENS = 1 << 20
-# A trace search starts at the speed that offers this many prompt tokens per second (about a quarter of what
-# the default preset's group can extend), so its first probe is neither idle nor hopelessly overloaded.
-TRACE_START_TOKENS_S = 20_000.0
+# A trace search starts at the speed that offers this many prompt tokens per second: what the QUICK runs found
+# the default preset's group holds on both traces within a factor of four (Azure about 2.5k prompt
+# tokens/s at its capacity, Mooncake about 1.5k), so the search starts near the answer.
+TRACE_START_TOKENS_S = 5_000.0
 # Where a search starts, and how far it may go, relative to a target's nominal load.
 SEARCH_DOWN = 64.0
 SEARCH_UP = 32.0
