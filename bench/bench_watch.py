@@ -45,6 +45,7 @@ from console.source import unbatch
 from control.host.backends import Backend, ProcessBackend, SimBackend
 from control.host.controller import Controller
 from control.host.sim_child import SimProcessBackend
+from control.plane.budget import DEFAULT_SEND_BUDGET
 from control.plane.ctl import FRESH_STREAM_OPTIONS
 from control.plane.grpc_server import ControlPlane, PlaneOptions
 from engine.config import ServerArgs
@@ -57,8 +58,10 @@ SUBSCRIBERS = 32
 # What a client that wants every round at a high rate asks for (the console's WatchRounds request).
 BATCH = 128
 BATCH_DELAY_MS = 50
-# The subscriber windows of each run: one record per message (what an old client gets), then batches.
-SHAPES = (1, BATCH)
+# The subscriber windows of each run, (max_batch, under the send budget): one record per message (what an
+# old client gets), batches, and one record per message without the budget (what the server did before).
+Shape = tuple[int, bool]
+SHAPES: tuple[Shape, ...] = ((1, True), (BATCH, True), (1, False))
 NAP_S = 0.1
 FRESH_QUEUE = 64
 
@@ -219,6 +222,8 @@ class Windows:
     shares: list[Share]  # where the engine's threads spent them
     others: list[float]  # CPU (in cores) other processes than this benchmark's took on the engine's CPUs
     delivered_per_s: float = 0.0  # records/s the subscribers received in all, while on
+    messages_per_s: float = 0.0  # messages/s the server sent them in all, while on
+    budget_dropped_per_s: float = 0.0  # records/s their queues dropped while they waited for the send budget
 
 
 @dataclass
@@ -227,22 +232,24 @@ class Cost:
 
     home: str
     without: Windows
-    with_shape: dict[int, Windows]  # max_batch -> windows
+    with_shape: dict[Shape, Windows]
 
-    def ratios(self, shape: int) -> list[float]:
+    def ratios(self, shape: Shape) -> list[float]:
         """Per window triple: rounds/s with this shape / rounds/s without, the window before."""
         return [w / o for o, w in zip(self.without.rates, self.with_shape[shape].rates, strict=True)]
 
-    def ratio(self, shape: int) -> float:
+    def ratio(self, shape: Shape) -> float:
         return statistics.mean(self.with_shape[shape].rates) / statistics.mean(self.without.rates)
 
 
-async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, pin: bool = False) -> Cost:
-    """Engine rounds/s in alternating windows: none, SUBSCRIBERS subscribers reading one record per
-    message, SUBSCRIBERS reading batches, none, ... (one long-lived client process switched on and off,
-    so no process start falls into a window). With `pin`, the engine's processes get CPU 0 and the
+async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, budget: int, pin: bool = False) -> Cost:
+    """Engine rounds/s in alternating windows: none, then SUBSCRIBERS subscribers in each of SHAPES, none,
+    ... (one long-lived client process switched on and off, so no process start falls into a window; the
+    server's send budget switched between windows). With `pin`, the engine's processes get CPU 0 and the
     controller and the client CPU 1: a deployment that gives the engine its own cores."""
     delivered = dict.fromkeys(SHAPES, 0)
+    messages = dict.fromkeys(SHAPES, 0)
+    budget_dropped = dict.fromkeys(SHAPES, 0)
     context = mp.get_context("spawn")
     here, there = context.Pipe()
     cpus = os.sched_getaffinity(0)
@@ -265,9 +272,12 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, pin: b
         await server.rate(5.0)  # the closed loop fills the batches; the client imports meanwhile
         windows, shares, others = [], [], []
         for _ in range(pairs):
-            for shape in (0, *SHAPES):
+            hub = server.controller.hub
+            for shape in (None, *SHAPES):
                 if shape:
-                    await switch(f"on {shape}")
+                    hub.set_send_budget(budget if shape[1] else 0)
+                    sent_before, dropped_before = hub.watch_messages, hub.budget_dropped
+                    await switch(f"on {shape[0]}")
                     await asyncio.sleep(0.3)  # the streams are open and flowing
                 busy_before, ours_before = cpu_busy_s(engine_cpus), processes_cpu_s(ours)
                 window, share = await server.window(window_s)
@@ -277,6 +287,8 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, pin: b
                 shares.append(share)
                 if shape:
                     delivered[shape] += await switch("off")
+                    messages[shape] += hub.watch_messages - sent_before
+                    budget_dropped[shape] += hub.budget_dropped - dropped_before
                     await asyncio.sleep(0.3)
         await asyncio.to_thread(here.send, "quit")
         await asyncio.to_thread(client.join)
@@ -284,11 +296,16 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, pin: b
     pin_process(os.getpid(), cpus)
     step = len(SHAPES) + 1
 
-    def of(index: int, per_s: float = 0.0) -> Windows:
-        return Windows(rates[index::step], shares[index::step], others[index::step], per_s)
+    def of(index: int, shape: Shape | None = None) -> Windows:
+        windows = Windows(rates[index::step], shares[index::step], others[index::step])
+        if shape is not None:
+            on_s = pairs * (window_s + 0.3)
+            windows.delivered_per_s = delivered[shape] / on_s
+            windows.messages_per_s = messages[shape] / on_s
+            windows.budget_dropped_per_s = budget_dropped[shape] / on_s
+        return windows
 
-    on_s = pairs * (window_s + 0.3)
-    return Cost(home, of(0), {shape: of(i, delivered[shape] / on_s) for i, shape in enumerate(SHAPES, 1)})
+    return Cost(home, of(0), {shape: of(i, shape) for i, shape in enumerate(SHAPES, 1)})
 
 
 def cpu_busy_s(cpus: set[int]) -> float:
@@ -456,16 +473,22 @@ async def main(ns: argparse.Namespace) -> str:
         "",
         f"Alternating windows of {ns.window:g} s in one run per engine home: 0 subscribers, {SUBSCRIBERS} reading one "
         f"record per message (what a client that does not ask for batches gets), {SUBSCRIBERS} reading batches "
-        f"(`max_batch` {BATCH}, `max_batch_delay_ms` {BATCH_DELAY_MS}: what the console asks for), 0, ... The "
+        f"(`max_batch` {BATCH}, `max_batch_delay_ms` {BATCH_DELAY_MS}: what the console asks for), both under the "
+        f"server's send budget of {ns.watch_send_budget:,} messages/s (`serve --watch-send-budget`, its default "
+        f"{DEFAULT_SEND_BUDGET:,}), then {SUBSCRIBERS} reading one record per message with no budget (the server "
+        "before the budget), 0, ... The "
         f"{SUBSCRIBERS} subscribers are one client process (one channel each, LOSSLESS_BOUNDED, default options, "
         "reading as fast as they can, every record of a batch handled), started before the first window and "
         "switched on and off between windows. Engine rounds/s = rounds rank 0 published per wall second of the "
         "window, from the records' publish times (`unix_nanos`), so a controller that lags in receiving them "
-        "does not count as a slower engine. Goal: the ratio >= 0.95.",
+        "does not count as a slower engine. Goal: the ratio >= 0.95. Delivered = records/s the subscribers "
+        "received in all (a batch's every record); messages = what the server sent them; dropped by the budget = "
+        "records/s their queues dropped while they waited for the budget (each told in `dropped_before`).",
         "",
-        f"| engine | subscribers | window triples | 0 subscribers (mean rounds/s) | {SUBSCRIBERS} subscribers (mean "
-        "rounds/s) | ratio of means | ratio per triple (median, min-max) | records/s delivered to the subscribers |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| engine | subscribers | window sets | 0 subscribers (mean rounds/s) | {SUBSCRIBERS} subscribers (mean "
+        "rounds/s) | ratio of means | ratio per set (median, min-max) | records/s delivered to the subscribers | "
+        "messages/s sent | records/s dropped by the budget |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     runs = [(home, False) for home in ns.homes]
     if ns.pin and (os.cpu_count() or 1) >= 2:
@@ -476,17 +499,21 @@ async def main(ns: argparse.Namespace) -> str:
         "simulator's thread, or the main thread of each engine process, mean over them): running / runnable but "
         "waiting for a CPU / neither (blocked or asleep). The unpaced simulator has nothing to wait for but a "
         "CPU, so its `blocked` share is what it waited for anything else (a lock, the interpreter lock, a pipe); "
-        "rank processes also wait for each other in the all-gather. \"others\" = CPU (in cores) that processes "
+        'rank processes also wait for each other in the all-gather. "others" = CPU (in cores) that processes '
         "outside this benchmark took in the window, on the engine's CPU 0 when pinned (from /proc/stat less the "
         "engine's own time), on both CPUs otherwise (less the benchmark's three processes).",
         "",
         f"| engine | 0 subscribers | {SUBSCRIBERS}, one record per message | {SUBSCRIBERS}, batches of up to {BATCH} "
-        "| others: 0 / one per message / batches (cores) |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| {SUBSCRIBERS}, one per message, no budget | others: 0 / one per message / batches / no budget (cores) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    shape_labels = {1: "one record per message", BATCH: f"batches (up to {BATCH})"}
+    shape_labels = {
+        (1, True): "one record per message, budget",
+        (BATCH, True): f"batches (up to {BATCH}), budget",
+        (1, False): "one record per message, no budget (before)",
+    }
     for home, pin in runs:
-        cost = await engine_cost(home, ns.ranks, ns.pairs, ns.window, pin)
+        cost = await engine_cost(home, ns.ranks, ns.pairs, ns.window, ns.watch_send_budget, pin)
         label = HOME_LABELS[home] + (", engine pinned to CPU 0, controller and client to CPU 1" if pin else "")
         for shape in SHAPES:
             ratios = cost.ratios(shape)
@@ -494,7 +521,8 @@ async def main(ns: argparse.Namespace) -> str:
                 f"| {label} | {shape_labels[shape]} | {ns.pairs} | {statistics.mean(cost.without.rates):,.0f} | "
                 f"{statistics.mean(cost.with_shape[shape].rates):,.0f} | {cost.ratio(shape):.2f} | "
                 f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
-                f"{cost.with_shape[shape].delivered_per_s:,.0f} |"
+                f"{cost.with_shape[shape].delivered_per_s:,.0f} | {cost.with_shape[shape].messages_per_s:,.0f} | "
+                f"{cost.with_shape[shape].budget_dropped_per_s:,.0f} |"
             )
             print(lines[-1], flush=True)
         configs = [cost.without, *(cost.with_shape[shape] for shape in SHAPES)]
@@ -535,13 +563,18 @@ NOTES = [
     "- On a loaded machine the rounds/s ratios move far more from window to window (see min-max) than the 5 %",
     "  the goal allows; the thread shares are the sharper witness. With the engine pinned to CPU 0 and the",
     "  controller and its client to CPU 1, 32 busy subscribers fill CPU 1, the kernel balances other processes",
-    "  onto CPU 0 (the \"others\" column: their CPU time on CPU 0), and the engine waits for its CPU: its",
+    '  onto CPU 0 (the "others" column: their CPU time on CPU 0), and the engine waits for its CPU: its',
     "  blocked share stays where it was without subscribers.",
     "- One record per message, gRPC's Python server and client each spend about 0.2 ms of CPU per message:",
     "  32 subscribers at 1,000+ rounds/s want more than the two CPUs have, they fall behind (records/s",
     "  delivered far below 32 x the engine's rate: their bounded queues drop and say so) and the engine",
     "  waits for a CPU. In batches the same subscribers receive every round and the control plane needs a",
     "  fraction of the CPU; rank processes publish 50-60 rounds/s, where both shapes cost little.",
+    "- The send budget (`serve --watch-send-budget`) is the bound on that CPU: the server sends at most that many",
+    "  messages per second over all streams, so one-record-per-message subscribers get budget / 32 messages",
+    "  each and drop the rest as a slow reader would (`dropped_before` tells; the last column counts them),",
+    "  while batched subscribers stay below it and receive every round. The `no budget` row is the server",
+    "  before the budget, in the same run.",
     "- The engine never waits for a subscriber: a subscriber's bounded queue drops what it cannot take and",
     "  counts it; the server writes a record only once the previous write completed, so at most one record per",
     "  stream waits beyond the client's receive window.",
@@ -557,7 +590,12 @@ NOTES = [
 def cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8, help="ranks of the engine")
-    parser.add_argument("--pairs", type=int, default=8, help="window triples (0 / 32 one per message / 32 batched)")
+    parser.add_argument(
+        "--pairs", type=int, default=8, help="window sets (0 / 32 one per message / 32 batched / 32 without budget)"
+    )
+    parser.add_argument(
+        "--watch-send-budget", type=int, default=DEFAULT_SEND_BUDGET, help="the server's send budget (messages/s)"
+    )
     parser.add_argument("--window", type=float, default=2.0, help="seconds of each window")
     parser.add_argument("--fresh-s", type=float, default=60.0, help="seconds each sleeping reader reads")
     parser.add_argument("--homes", nargs="+", choices=tuple(HOMES), default=list(HOMES), help="engine homes")

@@ -32,6 +32,7 @@ def test_help_lists_the_flags():  # rule C1
         "--duration",
         "--pace",
         "--executor",
+        "--watch-send-budget",
     ):
         assert flag in result.stdout
 
@@ -58,6 +59,7 @@ def test_help_lists_the_flags():  # rule C1
         (["--executor", "sim", "--rounds", "-3"], "--rounds must be > 0"),
         (["--executor", "sim", "--pace", "0"], "--pace must be > 0"),
         (["--executor", "sim", "--disaggregation-mode", "decode"], "needs a prefill peer"),
+        (["--executor", "sim", "--watch-send-budget", "-5"], "--watch-send-budget must be an integer in [0, "),
     ],
 )
 def test_bad_flags_exit_nonzero_with_a_message_and_no_traceback(argv, message):  # rules C2, C4

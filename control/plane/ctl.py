@@ -323,6 +323,12 @@ def _snapshot(channel: grpc.Channel, ns: argparse.Namespace, metadata: tuple, ou
         f"windows ANY {s.windows_any} ALL {s.windows_all}",
         file=out,
     )
+    budget = f"{snapshot.watch_send_budget:,} messages/s" if snapshot.watch_send_budget else "none"
+    print(
+        f"watch streams: send budget {budget}, {snapshot.watch_messages:,} messages sent, "
+        f"{snapshot.watch_records_dropped_by_budget:,} records dropped by the budget",
+        file=out,
+    )
     if s.HasField("tracing"):
         print(format_tracing(s.tracing), file=out)
     if snapshot.HasField("latest"):

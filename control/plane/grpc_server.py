@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from control.host.controller import Controller
 from control.plane.auth import DEFAULT_PORT, TOKEN_ENV, BearerTokenInterceptor, read_token_file
+from control.plane.budget import DEFAULT_SEND_BUDGET, MAX_SEND_BUDGET, budget_violation
 from control.plane.handlers import add_service
 from control.plane.recording import RecordingWriter
 from control.plane.services import GateAdmin, GateRequests, GateTelemetry
@@ -75,6 +76,16 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--record", default=None, metavar="FILE", help="write every round record to FILE (replaced if it exists)"
     )
     group.add_argument("--grace-s", type=float, default=5.0, help="seconds open calls get when the server stops")
+    group.add_argument(
+        "--watch-send-budget",
+        type=int,
+        default=DEFAULT_SEND_BUDGET,
+        metavar="MSGS_PER_S",
+        help="at most this many WatchRounds messages per second over all streams together (a batch is one), "
+        "shared fairly; a stream over its share drops its oldest records as for a slow reader, and says so "
+        f"in dropped_before. Bounds the control plane's CPU, so subscribers never slow the engine. "
+        f"0: no budget; at most {MAX_SEND_BUDGET} (default: %(default)s)",
+    )
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class PlaneOptions:
     stall_after_s: float = 5.0
     record: str | None = None
     grace_s: float = 5.0
+    watch_send_budget: int = DEFAULT_SEND_BUDGET
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -102,6 +114,8 @@ class PlaneOptions:
             raise ValueError(f"--stall-after must be > 0, got {self.stall_after_s}")
         if self.grace_s < 0:
             raise ValueError(f"--grace-s must be >= 0, got {self.grace_s}")
+        if (problem := budget_violation(self.watch_send_budget)) is not None:
+            raise ValueError(problem)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> PlaneOptions:
@@ -119,6 +133,7 @@ class PlaneOptions:
             stall_after_s=ns.stall_after,
             record=ns.record,
             grace_s=ns.grace_s,
+            watch_send_budget=ns.watch_send_budget,
         )
 
     @property
@@ -157,6 +172,7 @@ class ControlPlane:
         """Bind, start serving and follow the engine's health; raises OSError when the port cannot be bound."""
         options, controller = self.options, self.controller
         controller.hub.resize(options.history)
+        controller.hub.set_send_budget(options.watch_send_budget)
         controller.stall_after_s = options.stall_after_s
         for service in ("", *SERVICE_NAMES):
             await self.health.set(service, NOT_SERVING)  # the servicer starts out SERVING: not before a round

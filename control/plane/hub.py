@@ -19,6 +19,13 @@ record was published, whichever comes first; what is already queued goes out at 
 waits, the stream is woken once (full, or the delay passed), not per record: that is where batching
 saves the server's work, and the client's.
 
+WatchRounds streams share the hub's send budget (`control.plane.budget`, `serve --watch-send-budget`):
+before each message a budgeted stream waits for its turn and a token, and picks the message's records
+only then. Its queue meanwhile drops what is beyond its bound exactly as when the reader is slow
+(`dropped_before` tells), and those drops are counted as the budget's (`budget_dropped`). In-process
+subscribers (the autotuner) are not budgeted, nor is what a stream sends after a clean stop (the
+engine no longer runs: a drain ends every stream with OK after what it queued, at once).
+
 A stream ends cleanly (`close_all`, after what it has queued) or with a failure (`fail_all`, at once,
 with the reason) when the engine crashed.
 """
@@ -30,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from control.plane.budget import SendBudget
 from engine.record import RoundRecord
 from prefill_gate.convert import OriginOf, round_record
 from prefill_gate.v1 import types_pb2 as pb
@@ -102,8 +110,10 @@ class Subscriber:
         replay: Iterable[_Entry] = (),
         max_batch: int = 1,
         max_delay_s: float = DEFAULT_BATCH_DELAY_S,
+        budgeted: bool = False,
     ) -> None:
         self.hub = hub
+        self.budgeted = budgeted  # a WatchRounds stream: counted, and held to the hub's send budget
         self.latest_only = latest_only
         self.max_queue = 1 if latest_only else max_queue
         self.max_batch = 1 if latest_only else max(1, max_batch)
@@ -114,6 +124,8 @@ class Subscriber:
         self._queue: deque[_Entry] = deque()
         self._previous = previous_round  # the round before the first this stream wants
         self.dropped_total = 0
+        self.budget_dropped = 0  # records the queue dropped while the stream waited for the send budget
+        self._held = False  # waiting for the send budget now
         self.closed = False
         self.failure: str | None = None
         self.min_round = previous_round + 1
@@ -126,6 +138,9 @@ class Subscriber:
         queue = self._queue
         if len(queue) >= self.max_queue:
             queue.popleft()
+            if self._held:
+                self.budget_dropped += 1
+                self.hub.budget_dropped += 1
             if self.latest_only:
                 self._replay.clear()  # the newest is all this stream wants
         queue.append(entry)
@@ -152,6 +167,10 @@ class Subscriber:
         while True:
             if self.failure is not None:
                 raise StreamFailed(self.failure)
+            if self.budgeted and (self._replay or self._queue):
+                await self._take_turn()  # the records are picked after the wait: the newest then
+                if self.failure is not None:
+                    raise StreamFailed(self.failure)
             entry = self._pop()
             if entry is not None:
                 break
@@ -174,6 +193,23 @@ class Subscriber:
             body = self._encode(entry, fresh_bytes)
             parts += (_FOLLOWING_TAG, _varint(len(body)), body)
         return b"".join(parts)
+
+    async def _take_turn(self) -> None:
+        """Count one message and wait for the hub's send budget, if it has one.
+
+        A closed stream (a clean stop: the engine no longer runs) sends what it queued without the
+        budget, so that a drain ends every stream within the grace period, with OK.
+        """
+        hub = self.hub
+        hub.watch_messages += 1
+        budget = hub.send_budget
+        if budget is None or self.closed:
+            return
+        self._held = True
+        try:
+            await budget.acquire()
+        finally:
+            self._held = False
 
     def _pop(self) -> _Entry | None:
         if self._replay:
@@ -272,6 +308,13 @@ class RoundHub:
         self._taps: list[Tap] = []
         self.closed = False
         self.failure: str | None = None
+        self.send_budget: SendBudget | None = None  # WatchRounds messages per second, all streams together
+        self.watch_messages = 0  # messages the budgeted streams sent (batches count one)
+        self.budget_dropped = 0  # records their queues dropped while they waited for the send budget
+
+    def set_send_budget(self, rate: int) -> None:
+        """Hold the WatchRounds streams to `rate` messages per second in total (0: no budget)."""
+        self.send_budget = SendBudget(rate) if rate else None
 
     def publish(self, record: RoundRecord) -> None:
         """Append a round; never blocks."""
@@ -324,12 +367,14 @@ class RoundHub:
         ranks: Iterable[int] = (),
         max_batch: int = 0,
         max_batch_delay_s: float = 0.0,
+        budgeted: bool = False,
     ) -> Subscriber:
         """A new subscriber, replaying history from `from_round` when given; raises OutOfHistory.
 
         `max_batch` (0 or 1: one record per frame) and `max_batch_delay_s` (0: the default) batch the
-        frames. After `close_all` the subscriber is closed at once (it still receives the history it
-        asked for); after `fail_all` it fails at once. Bad parameters raise ValueError, nothing changed.
+        frames; `budgeted` (a WatchRounds stream) holds it to the send budget. After `close_all` the
+        subscriber is closed at once (it still receives the history it asked for); after `fail_all` it
+        fails at once. Bad parameters raise ValueError, nothing changed.
         """
         for problem in watch_violations(max_queue, max_batch, max_batch_delay_s, latest_only):
             raise ValueError(f"{problem[0]} {problem[1]}")
@@ -353,6 +398,7 @@ class RoundHub:
             replay=replay,
             max_batch=max_batch,
             max_delay_s=max_batch_delay_s or DEFAULT_BATCH_DELAY_S,
+            budgeted=budgeted,
         )
         subscriber.min_round = max(previous, last if last is not None else -1) + 1
         if self.failure is not None:

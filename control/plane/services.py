@@ -159,6 +159,7 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
                 ranks=request.ranks,
                 max_batch=request.max_batch,
                 max_batch_delay_s=batch_delay_s,
+                budgeted=True,
             )
         except OutOfHistory as exc:
             context.set_trailing_metadata(((HISTORY_FIRST_ROUND_KEY, str(exc.first)),))
@@ -203,6 +204,9 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
             stats=run_stats(controller.summary(), controller.records_dropped(), trace_status(controller)),
             history_first_round=hub.first_round or 0,
             history_last_round=hub.last_round or 0,
+            watch_send_budget=hub.send_budget.rate if hub.send_budget else 0,
+            watch_messages=hub.watch_messages,
+            watch_records_dropped_by_budget=hub.budget_dropped,
         )
 
     async def GetRounds(

@@ -78,6 +78,16 @@ class GateTelemetryServicer:
         most max_queue + max_batch - 1 rounds behind when sent without dropped_before saying so. A clean
         stop sends a partial batch at once; a crash ends the stream at once (UNAVAILABLE).
 
+        Send budget: the server sends at most `serve --watch-send-budget` messages per second over all
+        WatchRounds streams together (Snapshot.watch_send_budget; a batch is one message), shared in turn
+        between the streams that want to send, so each gets at least budget / streams per second and an
+        idle stream's share goes to the others. The control plane's CPU is bounded so, not the engine's
+        rate. A stream over its share waits for its turn and picks its message only then: meanwhile its
+        queue drops whole records exactly as for a slow reader (LOSSLESS_BOUNDED: the oldest beyond
+        max_queue, told in dropped_before; LATEST_ONLY: all but the newest), so every promise above holds.
+        A batched stream below its share loses nothing to the budget. After a clean stop the queued records
+        go out without the budget (the engine no longer runs).
+
         Ends OK after a clean stop (drain) once the queued records are sent; UNAVAILABLE with the reason
         when the engine crashed, a collective failed or a rank was lost; OUT_OF_RANGE (trailing metadata
         history-first-round) when from_round is older than the ring; INVALID_ARGUMENT for bad parameters.

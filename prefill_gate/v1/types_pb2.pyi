@@ -198,7 +198,7 @@ class RunStats(_message.Message):
     def __init__(self, rounds: _Optional[int] = ..., rounds_per_second: _Optional[float] = ..., output_tokens_per_second: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ..., ttft_p99_seconds: _Optional[float] = ..., itl_p50_seconds: _Optional[float] = ..., itl_p99_seconds: _Optional[float] = ..., gate_wait_p99_seconds: _Optional[float] = ..., gate_wait_p99_rounds: _Optional[float] = ..., extend_round_share: _Optional[float] = ..., ranks_extending_per_window: _Optional[float] = ..., windows_any: _Optional[int] = ..., windows_all: _Optional[int] = ..., requests_submitted: _Optional[int] = ..., requests_finished: _Optional[int] = ..., requests_aborted: _Optional[int] = ..., requests_refused: _Optional[int] = ..., output_tokens: _Optional[int] = ..., retractions: _Optional[int] = ..., records_dropped: _Optional[int] = ..., trace_spans_dropped: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., requests_cut_off: _Optional[int] = ..., tracing: _Optional[_Union[_tracing_pb2.TracingStatus, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefix_hit_requests: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prefix_hit_share: _Optional[float] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("run_id", "dp_size", "executor", "state", "latest", "config", "stats", "history_first_round", "history_last_round", "failure", "last_round_age_seconds")
+    __slots__ = ("run_id", "dp_size", "executor", "state", "latest", "config", "stats", "history_first_round", "history_last_round", "failure", "last_round_age_seconds", "watch_send_budget", "watch_messages", "watch_records_dropped_by_budget")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DP_SIZE_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,9 @@ class Snapshot(_message.Message):
     HISTORY_LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_SEND_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    WATCH_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    WATCH_RECORDS_DROPPED_BY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     dp_size: int
     executor: str
@@ -221,7 +224,10 @@ class Snapshot(_message.Message):
     history_last_round: int
     failure: str
     last_round_age_seconds: float
-    def __init__(self, run_id: _Optional[str] = ..., dp_size: _Optional[int] = ..., executor: _Optional[str] = ..., state: _Optional[str] = ..., latest: _Optional[_Union[RoundRecord, _Mapping]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., stats: _Optional[_Union[RunStats, _Mapping]] = ..., history_first_round: _Optional[int] = ..., history_last_round: _Optional[int] = ..., failure: _Optional[str] = ..., last_round_age_seconds: _Optional[float] = ...) -> None: ...
+    watch_send_budget: int
+    watch_messages: int
+    watch_records_dropped_by_budget: int
+    def __init__(self, run_id: _Optional[str] = ..., dp_size: _Optional[int] = ..., executor: _Optional[str] = ..., state: _Optional[str] = ..., latest: _Optional[_Union[RoundRecord, _Mapping]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., stats: _Optional[_Union[RunStats, _Mapping]] = ..., history_first_round: _Optional[int] = ..., history_last_round: _Optional[int] = ..., failure: _Optional[str] = ..., last_round_age_seconds: _Optional[float] = ..., watch_send_budget: _Optional[int] = ..., watch_messages: _Optional[int] = ..., watch_records_dropped_by_budget: _Optional[int] = ...) -> None: ...
 
 class RecordingHeader(_message.Message):
     __slots__ = ("magic", "version", "run_id", "dp_size", "started_unix_nanos", "executor")
