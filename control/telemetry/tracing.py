@@ -175,10 +175,12 @@ class RoundContext:
 class RoundSampler:
     """Decides round by round which rounds are traced; remembers the previous rows for the watermark rule.
 
-    Asked again for the round it just decided (the other ranks of a lockstep group), it answers from
-    memory, so a group in one process decides once per round. With `publish`, it also logs its decisions
-    for the run; a sampler without it (the controller's) takes a logged decision when the ranks run in
-    its own process (the simulator), instead of deciding the same round again.
+    One sampler serves every rank of a process (a lockstep group decides each round once, the first
+    rank to finish it; the others read `round` and `context`). Deciding round r also tells whether a rate
+    may pick round r + 1 (`next_timed`, from its trace id, known before it runs), so that the ranks time
+    that round's phases. With `publish`, it also logs its decisions for the run; a sampler without it
+    (the controller's) takes a logged decision when the ranks run in its own process (the simulator),
+    instead of deciding the same round again.
     """
 
     def __init__(self, run_id: str, sample_rate: float, window_rate: float, *, publish: bool = False) -> None:
@@ -187,13 +189,13 @@ class RoundSampler:
         self.window = TraceIdRatioBased(window_rate)
         self._publish = publish
         self._log = _decision_logs.setdefault(run_id, {})
-        self._round = -1
+        self.round = -1  # the round decided last
+        self.context: RoundContext | None = None  # its decision
+        self.next_timed = False  # whether a rate may pick the round after it
         self._hot: int | None = 0
-        self._context: RoundContext | None = None
         self._bound = max(self.ratio.bound, self.window.bound)
-        self._timed_round = -1
-        self._timed_id = 0
-        self._timed = False
+        self._next_round = -1
+        self._next_id = 0
         self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 16)
 
     def _trace_id(self, round_: int) -> int:
@@ -204,32 +206,31 @@ class RoundSampler:
 
     def timed(self, round_: int) -> bool:
         """Whether a rate may pick round `round_` (its trace id falls under the larger rate), known before
-        it runs: such rounds get their phases timed. Asked before each round, answered once per process."""
-        if round_ != self._timed_round:
-            self._timed_id = self._trace_id(round_)
-            self._timed_round = round_
-            self._timed = self._timed_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
-        return self._timed
+        it runs: such rounds get their phases timed."""
+        if round_ != self._next_round:
+            self._next_round, self._next_id = round_, self._trace_id(round_)
+        return self._next_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
 
     def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
         """The round's context when it is traced, else None."""
-        if round_ == self._round:
-            return self._context
+        if round_ == self.round:
+            return self.context
         if not self._publish:
             logged = self._log.get(round_, _UNDECIDED)  # one lookup: the deciding thread may trim the log
             if logged is not _UNDECIDED:
-                self._round, self._hot, self._context = round_, None, logged
+                self.round, self._hot, self.context = round_, None, logged
                 return logged
         if round_ == 0:
             previous: int | None = 0
         else:
-            previous = self._hot if self._round == round_ - 1 else None
+            previous = self._hot if self.round == round_ - 1 else None
         hot = hot_ranks(rows)
-        trace_id = self._timed_id if round_ == self._timed_round else self._trace_id(round_)
+        trace_id = self._next_id if round_ == self._next_round else self._trace_id(round_)
         reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
         context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
-        self._round, self._hot, self._context = round_, hot, context
+        self.round, self._hot, self.context = round_, hot, context
         if self._publish:
+            self.next_timed = self.timed(round_ + 1)
             self._log[round_] = context
             self._log.pop(round_ - DECISION_MEMORY, None)
         return context
@@ -256,20 +257,37 @@ def new_span_id() -> int:
 
 
 class RoundMarks(MarkTimer):
-    """MarkTimer without the per-phase totals: 1 us instead of 4 us a round (the sim's rank-round is ~30 us)."""
+    """MarkTimer without the per-phase totals (1 us instead of 4 us a round; the sim's rank-round is
+    ~30 us): the timer of the rounds a rate may pick."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
 
     def start(self) -> None:
-        self.rounds += 1
-        self.marks = [("start", _now())]
+        self.started = started = _now()
+        self.marks = [("start", started)]
 
     def lap(self, phase: str) -> None:
         self.marks.append((phase, _now()))
 
 
+class ProfiledMarks(MarkTimer):
+    """MarkTimer with `started`: phase profiling's timer, every round timed, when tracing is on too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    def start(self) -> None:
+        super().start()
+        self.started = self.marks[0][1]
+
+
 class StartMark(PhaseTimer):
-    """Only the round's start, in an attribute: the timer of rounds no rate can pick. A round has eight
+    """Only the round's start: the timer of rounds no rate can pick (most of them). A round has eight
     phases, and a clock read plus a list entry each cost the in-process simulator ~8% of its round
-    rate on a loaded 2-core machine (measured); the end is read once the round is done."""
+    rate (measured). The start stays: a round picked after it ran (config, watermark) needs it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -285,8 +303,11 @@ class StartMark(PhaseTimer):
 class RankRoundTracer:
     """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it.
 
-    Its row fields (`fill_row`): the spans it could not deliver so far, this round's start and the
-    previous round's end (the controller's root of a round covers every rank's span with them).
+    A round nobody traces costs a rank one clock read (its start) and two short calls: the decision is
+    made once per round for every rank of the process (`RoundSampler`), the phases are timed only in
+    the rounds a rate may pick, and nothing is built or allocated. Its row fields (`fill_row`): the
+    spans it could not deliver so far, this round's start and, when the previous round was traced, its
+    end (the controller's root of a round covers every rank's span with them).
     """
 
     def __init__(
@@ -305,19 +326,18 @@ class RankRoundTracer:
         self.producer: Producer = producer(resource, SCOPE_NAME, VERSION)
         self.counter = DropCounter()
         self.close_timeout_s = close_timeout_s
-        self._previous_end = 0
+        self._previous_end = 0  # the end of the previous round when it was traced, else 0
         self._reported = False
-        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer, every round timed); otherwise the
-        # lean marks time the rounds a rate may pick, and the others only start and end.
+        # Phase profiling keeps its totals (every round timed); otherwise the lean marks time the
+        # rounds a rate may pick, and the others only start.
         self._profiling = not isinstance(engine.timer, NullTimer)
-        self._phases: MarkTimer = RoundMarks() if not self._profiling else MarkTimer()
+        self._phases: RoundMarks | ProfiledMarks = ProfiledMarks() if self._profiling else RoundMarks()
         self._start_only = StartMark()
-        self._timer: MarkTimer | StartMark = self._phases
-        self._arm(engine, engine.round)
+        self._timer: RoundMarks | ProfiledMarks | StartMark = self._start_only
+        self._arm(engine, self._profiling or sampler.timed(engine.round))
 
-    def _arm(self, engine: RankEngine, round_: int) -> None:
-        """Choose the timer of round `round_` before it starts."""
-        timed = self._profiling or self.sampler.timed(round_)
+    def _arm(self, engine: RankEngine, timed: bool) -> None:
+        """Choose the timer of the next round before it starts."""
         self._timer = engine.timer = self._phases if timed else self._start_only
 
     @property
@@ -327,35 +347,42 @@ class RankRoundTracer:
 
     def fill_row(self, row: Row) -> None:
         """Publish the drop count and the span bounds the controller's root needs."""
-        row.spans_dropped = self.counter.total
-        timer = self._timer
-        if timer is self._start_only:
-            row.span_start_ns = self._start_only.started
-        else:
-            row.span_start_ns = self._phases.marks[0][1] if self._phases.marks else 0
+        row.span_start_ns = self._timer.started
+        counter = self.counter  # `counter.total`, without a property call on every rank-round
+        row.spans_dropped = counter.refused + counter.failed + counter.unconfirmed
         row.previous_span_end_ns = self._previous_end
 
     def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
         """Trace the round if it is sampled. Never flushes: a flush here would stretch the round (and, in a
         lockstep group, show up as the next ranks' all-gather); the process flushes when it ends."""
+        sampler = self.sampler
         try:
-            timed = self._timer is self._phases
-            if timed:
-                marks = self._phases.marks
-                self._previous_end = marks[-1][1]
-            else:
-                self._previous_end = _now()
-            context = self.sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
-            if context is not None:
-                if not timed:
-                    marks = [("start", self._start_only.started), ("commit", self._previous_end)]
-                self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
-            self._arm(engine, outcome.round + 1)
+            if outcome.round != sampler.round:  # the first rank of the group to finish the round decides
+                sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
+            if sampler.context is not None:
+                self._trace(sampler.context, outcome)
+            elif self._previous_end:
+                self._previous_end = 0
+            timed = self._profiling or sampler.next_timed
+            if timed is not (self._timer is self._phases):
+                self._arm(engine, timed)
         except Exception:  # a tracing bug must never stop a rank: count the round's spans as lost
             self.counter.failed += 4
+            self._previous_end = 0
             if not self._reported:
                 self._reported = True
                 _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
+
+    def _trace(self, context: RoundContext, outcome: RoundOutcome) -> None:
+        """Offer the round's span tree: with its phases when they were timed, else the rank's span alone."""
+        if self._timer is self._phases:
+            marks = self._phases.marks
+            end = marks[-1][1]
+        else:
+            end = _now()
+            marks = [("start", self._start_only.started), ("commit", end)]
+        self._previous_end = end
+        self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
 
     def flush(self) -> bool:
         """Wait (bounded, as `close`) until every span offered was answered: then `dropped` is final."""
