@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from control.host.backends import Backend
+from control.host.backends import Backend, loads_of
 from control.host.controller import Controller
 from control.host.serve import build_backend
 from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
@@ -40,8 +40,10 @@ from control.telemetry.telemetry_cli import (
 )
 from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
 from control.telemetry.trace_status import trace_status
-from control.telemetry.tracing import new_span_id, rank_resource
+from control.telemetry.tracing import forget_run, new_span_id, rank_observer, rank_resource
 from engine.config import ServerArgs
+from engine.drivers.lockstep import LockstepDriver
+from engine.phases import NullTimer
 from workloads import ClosedLoop, Fixed, Workload
 
 RESULTS = Path(__file__).parent / "results" / "tracing.md"
@@ -205,6 +207,63 @@ def run_section(
     return results
 
 
+def paired_overhead(endpoint: str, ranks: int, rate: float, window: float, pairs: int, block: int) -> dict:
+    """What tracing costs the simulator's own process, measured so that the machine's other tenants cancel
+    out: one lockstep group (in this process, as `SimBackend` steps it), its rank observers attached and
+    detached every `block` rounds, `pairs` times. The main thread's CPU time of each block (the ranks'
+    hooks, spans built, phases timed) is compared with the untraced block next to it: neighbours see the
+    same load, so the median of the pairs' differences is the hooks' cost. The exporter's thread and
+    gRPC's work whenever spans are queued; all CPU time of this process outside the main thread is
+    charged to tracing, per traced-block round (an upper bound: nothing else runs here)."""
+    args = bench_args(ranks)
+    run_id = f"bench-paired-{rate:g}-{window:g}"
+    driver = LockstepDriver(args)
+    workload = workload_of(args)
+    kwargs = {"endpoint": endpoint, "run_id": run_id, "sample_rate": rate, "window_sample_rate": window}
+    tracers = [rank_observer(engine, **kwargs) for engine in driver.engines]
+    latest = None
+
+    def steps(count: int) -> float:
+        nonlocal latest
+        started = time.thread_time()
+        for _ in range(count):
+            outcomes, _ = driver.step_with(workload, loads_of(latest, ranks))
+            latest = outcomes[0].record or latest
+        return time.thread_time() - started
+
+    def attach(on: bool) -> None:
+        for engine, tracer in zip(driver.engines, tracers, strict=True):
+            engine.observer = tracer if on else None
+            engine.timer = tracer.timer if on else NullTimer()
+
+    attach(False)
+    steps(WARMUP_ROUNDS)
+    differences, off_blocks = [], []
+    main, process = 0.0, time.process_time()
+    for _ in range(pairs):
+        attach(True)
+        traced = steps(block)
+        attach(False)
+        untraced = steps(block)
+        differences.append(traced - untraced)
+        off_blocks.append(untraced)
+        main += traced + untraced
+    tracers[0].flush()  # the exporter's work for the traced blocks is done, and counted below
+    others = time.process_time() - process - main
+    forget_run(run_id)
+    off = statistics.median(off_blocks) / block
+    hooks = statistics.median(differences) / block
+    exporter = others / (pairs * block)
+    return {
+        "off_us": off * 1e6,
+        "hooks_us": hooks * 1e6,
+        "exporter_us": exporter * 1e6,
+        "overhead": (hooks + exporter) / off,
+        "spans": sum(tracer.counter.offered for tracer in tracers),
+        "dropped": sum(tracer.dropped for tracer in tracers),
+    }
+
+
 def rank_tree(round_: int, rank: int) -> list[SpanData]:
     """The 4 spans a traced rank exports for one round, with the tracer's attributes."""
     start = time.time_ns()
@@ -293,6 +352,7 @@ def table(results: Results, engine: str) -> list[str]:
 def report(
     sim: Results,
     procs: Results | None,
+    paired: dict[str, dict],
     capacity: dict | None,
     options: argparse.Namespace,
     command: str,
@@ -346,6 +406,32 @@ def report(
             "",
             *table(procs, "controller's process"),
         ]
+    if paired:
+        lines += [
+            "",
+            f"## Paired: the simulator's own process, traced and untraced blocks side by side ({options.ranks} ranks)",
+            "",
+            f"One lockstep group stepped in the bench's process, its rank observers attached and detached every "
+            f"{options.block} rounds, {options.pairs} pairs per configuration, after {WARMUP_ROUNDS} rounds of "
+            "warm-up. Neighbouring blocks see the same load from the machine's other tenants, so the median "
+            "of the pairs' differences in the main thread's CPU time is what the ranks' hooks cost (decisions, "
+            "clock reads, phase marks, spans built); every CPU second of the process outside the main thread "
+            "(the exporter's thread encoding and sending, gRPC's threads) is added, per traced round, as "
+            "tracing's too. The figure the Build bounds (3%) is the last column.",
+            "",
+            "| tracing | untraced round: CPU | hooks per round | exporter per round | spans offered | spans dropped "
+            "| cost of tracing |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name, result in paired.items():
+            label = name
+            if name == "default":
+                label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
+            lines.append(
+                f"| {label} | {result['off_us']:,.1f} us | {result['hooks_us']:,.1f} us | "
+                f"{result['exporter_us']:,.1f} us | {result['spans']:,} | {result['dropped']:,} | "
+                f"**{result['overhead']:+.1%}** |"
+            )
     if capacity is not None:
         need = 2000 * options.ranks * 4 + 2000
         lines += [
@@ -374,6 +460,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured window per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-capacity", action="store_true", help="skip the exporter capacity section")
+    parser.add_argument("--pairs", type=int, default=60, help="traced/untraced block pairs (0: skip that section)")
+    parser.add_argument("--block", type=int, default=100, help="rounds per block of the paired section")
     parser.add_argument("--out", type=Path, default=RESULTS)
     options = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
@@ -389,12 +477,18 @@ def main(argv: list[str] | None = None) -> None:
         if options.process_ranks:
             args = bench_args(options.process_ranks)
             procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts, pid)
+        paired = {}
+        if options.pairs:
+            for name, rate, window in CONFIGS[1:]:
+                assert rate is not None and window is not None
+                paired[name] = paired_overhead(endpoint, options.ranks, rate, window, options.pairs, options.block)
+                print(f"paired {name}: {paired[name]['overhead']:+.1%}", file=sys.stderr, flush=True)
         capacity = None if options.no_capacity else exporter_capacity(endpoint, options.seconds)
     finally:
         stop.set()
         receiver.join(10)
     command = " ".join([".venv/bin/python -m bench.bench_tracing", *(sys.argv[1:] if argv is None else argv)])
-    text = report(sim, procs, capacity, options, command, (before, load_average()))
+    text = report(sim, procs, paired, capacity, options, command, (before, load_average()))
     print(text)
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(text)

@@ -345,6 +345,11 @@ class RankRoundTracer:
         """Spans of this rank not confirmed delivered (published in the row as `spans_dropped`)."""
         return self.counter.total
 
+    @property
+    def timer(self) -> PhaseTimer:
+        """The timer armed for the rank's next round (what `engine.timer` is while this observes it)."""
+        return self._timer
+
     def fill_row(self, row: Row) -> None:
         """Publish the drop count and the span bounds the controller's root needs."""
         row.span_start_ns = self._timer.started
