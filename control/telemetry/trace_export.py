@@ -104,6 +104,8 @@ class DropCounter:
     still in flight when the process ended: the collector may have it). Until then it is in flight.
     """
 
+    __slots__ = ("exported", "failed", "offered", "refused", "unconfirmed")  # a rank reads it every round
+
     def __init__(self) -> None:
         self.offered = 0
         self.exported = 0

@@ -86,9 +86,32 @@ def _digest_state(kind: bytes, prefix: str, size: int) -> Any:
     return hashlib.blake2b(prefix.encode(), digest_size=size, person=kind)
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def run_seed(run_id: str) -> int:
+    """The 64-bit seed of a run's sampling keys."""
+    return _digest(b"pg.round.seed", run_id, 8)
+
+
+def sampling_key(seed: int, round_: int) -> int:
+    """The low 64 bits of round `round_`'s trace id: what `TraceIdRatioBased` tests (key < rate * 2^64).
+
+    SplitMix64 of the round: a bijective mix whose outputs are spread evenly, so any rate picks its share
+    of rounds, at a fraction of a hash's cost. It is computed for every round (whether a rate may pick
+    it); the trace id's upper half, a hash, only for the rounds traced.
+    """
+    value = (seed + round_ * _GOLDEN64) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
 def round_trace_id(run_id: str, round_: int) -> int:
-    """The trace id of round `round_` of run `run_id`, the same on every rank and the controller."""
-    return _digest(b"pg.round.trace", f"{run_id}/{round_}", 16)
+    """The trace id of round `round_` of run `run_id`, the same on every rank and the controller: a hash
+    of `(run id, round)` above the round's sampling key."""
+    return _digest(b"pg.round.trace", f"{run_id}/{round_}", 8) << 64 | sampling_key(run_seed(run_id), round_)
 
 
 def round_root_span_id(run_id: str, round_: int) -> int:
@@ -183,6 +206,23 @@ class RoundSampler:
     instead of deciding the same round again.
     """
 
+    # Slots: asked once per round between ~300 us of simulator work that evicts it from the caches, it
+    # touches as little memory as it can (an attribute dict lookup each was measurable there).
+    __slots__ = (
+        "_bound",
+        "_hot",
+        "_log",
+        "_publish",
+        "_seed",
+        "_trace_key",
+        "context",
+        "next_timed",
+        "ratio",
+        "round",
+        "run_id",
+        "window",
+    )
+
     def __init__(self, run_id: str, sample_rate: float, window_rate: float, *, publish: bool = False) -> None:
         self.run_id = run_id
         self.ratio = TraceIdRatioBased(sample_rate)
@@ -194,25 +234,26 @@ class RoundSampler:
         self.next_timed = False  # whether a rate may pick the round after it
         self._hot: int | None = 0
         self._bound = max(self.ratio.bound, self.window.bound)
-        self._next_round = -1
-        self._next_id = 0
-        self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 16)
+        self._seed = run_seed(run_id)
+        self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 8)
 
     def _trace_id(self, round_: int) -> int:
         """`round_trace_id(self.run_id, round_)`, hashing the run id once."""
         state = self._trace_key.copy()
         state.update(str(round_).encode())
-        return int.from_bytes(state.digest(), "big") or 1
+        return (int.from_bytes(state.digest(), "big") or 1) << 64 | sampling_key(self._seed, round_)
 
     def timed(self, round_: int) -> bool:
         """Whether a rate may pick round `round_` (its trace id falls under the larger rate), known before
         it runs: such rounds get their phases timed."""
-        if round_ != self._next_round:
-            self._next_round, self._next_id = round_, self._trace_id(round_)
-        return self._next_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+        return sampling_key(self._seed, round_) < self._bound
 
     def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
-        """The round's context when it is traced, else None."""
+        """The round's context when it is traced, else None.
+
+        Asked every round, so the common answer (no rule applies) costs a sampling key and one pass over
+        the rows; the rules are spelled out (`sample_reason`) only for the rounds some rule may pick.
+        """
         if round_ == self.round:
             return self.context
         if not self._publish:
@@ -225,9 +266,13 @@ class RoundSampler:
         else:
             previous = self._hot if self.round == round_ - 1 else None
         hot = hot_ranks(rows)
-        trace_id = self._next_id if round_ == self._next_round else self._trace_id(round_)
-        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
-        context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
+        key = sampling_key(self._seed, round_)
+        context = None
+        if adopted_epoch or key < self._bound or (hot and crossed_watermark(hot, previous)):
+            trace_id = self._trace_id(round_)
+            reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
+            if reason is not None:
+                context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason)
         self.round, self._hot, self.context = round_, hot, context
         if self._publish:
             self.next_timed = self.timed(round_ + 1)
@@ -309,6 +354,22 @@ class RankRoundTracer:
     spans it could not deliver so far, this round's start and, when the previous round was traced, its
     end (the controller's root of a round covers every rank's span with them).
     """
+
+    __slots__ = (
+        "_phases",
+        "_previous_end",
+        "_profiling",
+        "_reported",
+        "_start_only",
+        "_timer",
+        "close_timeout_s",
+        "counter",
+        "producer",
+        "rank",
+        "run_id",
+        "sampler",
+        "shipper",
+    )
 
     def __init__(
         self,
