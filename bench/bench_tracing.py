@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured window per run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-capacity", action="store_true", help="skip the exporter capacity section")
-    parser.add_argument("--pairs", type=int, default=60, help="traced/untraced block pairs (0: skip that section)")
+    parser.add_argument("--pairs", type=int, default=200, help="traced/untraced block pairs (0: skip that section)")
     parser.add_argument("--block", type=int, default=100, help="rounds per block of the paired section")
     parser.add_argument("--out", type=Path, default=RESULTS)
     options = parser.parse_args(argv)
