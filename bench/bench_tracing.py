@@ -171,6 +171,7 @@ async def measure(
         "engine_cpu_rate": rounds / engine_cpu,
         "traced_share": status.traced_share or 0.0,
         "dropped": status.spans_dropped,
+        "final": status.ranks_final,  # every rank's count final (its exporter drained before it reported)
         "untraced_requests": status.requests_untraced,
         "backend": type(backend).__name__,
     }
@@ -343,8 +344,11 @@ def table(results: Results, engine: str) -> list[str]:
             line += f" {per_round:,.1f} us | {per_round / per_round_off - 1:+.1%} | {best / best_off - 1:+.1%} |"
         each = ", ".join(f"{r['rate']:,.0f}" for r in runs)
         share = statistics.median(r["traced_share"] for r in runs)
-        dropped = sum(r["dropped"] for r in runs)
-        line += f" {each} | {share:.1%} | {dropped:,} | {sum(r['received'] for r in runs):,} |"
+        dropped = f"{sum(r['dropped'] for r in runs):,}"
+        unfinished = sum(not r["final"] for r in runs)
+        if unfinished:
+            dropped += f" (not final in {unfinished} run{'s' if unfinished > 1 else ''})"
+        line += f" {each} | {share:.1%} | {dropped} | {sum(r['received'] for r in runs):,} |"
         lines.append(line)
     return lines
 
@@ -376,7 +380,9 @@ def report(
         f"`--trace-sample-rate {DEFAULT_SAMPLE_RATE:g} --trace-window-sample-rate {DEFAULT_WINDOW_SAMPLE_RATE:g}`. "
         "Traced share: rounds the sampling rules picked over rounds the controller saw. Spans dropped: not "
         "confirmed delivered (queue full, collector error, no answer), summed over the repeats, counted after "
-        "each run's exporters flushed; spans received: what the receiver got in those runs.",
+        "each run's exporters flushed (\"not final\": some rank's exporter had not drained when it reported, "
+        "so spans it lost later are missing from the figure); spans received: what the receiver got in "
+        "those runs.",
         "",
         f"Load average (1, 5, 15 min) before the run: {loads[0]}; after it: {loads[1]}.",
         "",
