@@ -171,7 +171,8 @@ async def measure(
         "engine_cpu_rate": rounds / engine_cpu,
         "traced_share": status.traced_share or 0.0,
         "dropped": status.spans_dropped,
-        "final": status.ranks_final,  # every rank's count final (its exporter drained before it reported)
+        # Every rank's count final (its exporter drained before it reported); trivially so with tracing off.
+        "final": status.ranks_final or not status.enabled,
         "untraced_requests": status.requests_untraced,
         "backend": type(backend).__name__,
     }
