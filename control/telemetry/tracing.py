@@ -206,8 +206,7 @@ class RoundSampler:
     instead of deciding the same round again.
     """
 
-    # Slots: asked once per round between ~300 us of simulator work that evicts it from the caches, it
-    # touches as little memory as it can (an attribute dict lookup each was measurable there).
+    # Slots: asked once per round between ~300 us of simulator work, it should touch little memory.
     __slots__ = (
         "_bound",
         "_hot",
