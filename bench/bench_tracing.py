@@ -43,7 +43,6 @@ from control.telemetry.trace_status import trace_status
 from control.telemetry.tracing import forget_run, new_span_id, rank_observer, rank_resource
 from engine.config import ServerArgs
 from engine.drivers.lockstep import LockstepDriver
-from engine.phases import NullTimer
 from workloads import ClosedLoop, Fixed, Workload
 
 RESULTS = Path(__file__).parent / "results" / "tracing.md"
@@ -233,10 +232,9 @@ def paired_overhead(endpoint: str, ranks: int, rate: float, window: float, pairs
             latest = outcomes[0].record or latest
         return time.thread_time() - started
 
-    def attach(on: bool) -> None:
+    def attach(on: bool) -> None:  # the driver takes the group's observer up (or down) at its next round
         for engine, tracer in zip(driver.engines, tracers, strict=True):
             engine.observer = tracer if on else None
-            engine.timer = tracer.timer if on else NullTimer()
 
     attach(False)
     steps(WARMUP_ROUNDS)
