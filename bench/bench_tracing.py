@@ -38,7 +38,7 @@ from control.telemetry.telemetry_cli import (
     add_telemetry_args,
     attach_telemetry,
 )
-from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
+from control.telemetry.trace_export import DropCounter, OtlpSender, ShipperConfig, SpanShipper, parse_otlp_endpoint
 from control.telemetry.trace_status import trace_status
 from control.telemetry.tracing import forget_run, new_span_id, rank_observer, rank_resource
 from engine.config import ServerArgs
@@ -296,7 +296,8 @@ def rank_tree(round_: int, rank: int) -> list[SpanData]:
 def exporter_capacity(endpoint: str, seconds: float) -> dict:
     """Spans per second one shipper delivers while a producer keeps its queue full, and the CPU the
     exporter (its thread and gRPC's) spends per span: the process's CPU time less the producer's."""
-    shipper = build_shipper(parse_otlp_endpoint(endpoint), ShipperConfig(max_queue_spans=65536))
+    target = parse_otlp_endpoint(endpoint)  # its loss line names the section: its queue is kept full on purpose
+    shipper = SpanShipper(OtlpSender(target), ShipperConfig(max_queue_spans=65536), f"{target.url} (capacity section)")
     who = producer(rank_resource("bench-capacity", 0, 8), "prefill_gate.tracing", "bench")
     counter = DropCounter()
     trees = [rank_tree(r + 1, r % 8) for r in range(2048)]  # built once: the exporter is what is measured

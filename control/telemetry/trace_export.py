@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -426,10 +427,11 @@ class SpanShipper:
         now = time.monotonic()
         if lost == self._logged_lost or (not final and now - self._last_log < LOSS_LOG_INTERVAL_S):
             return
-        _log.warning(
-            "trace spans to %s: %d not delivered since the last report (%d of %d offered in all: queue full %d, "
-            "failed %d, unconfirmed %d)%s",
+        _log.warning(  # the process id: lines of a rank process, a simulator's and the controller's share stderr
+            "trace spans to %s from process %d: %d not delivered since the last report (%d of %d offered in all: "
+            "queue full %d, failed %d, unconfirmed %d)%s",
             self.label,
+            os.getpid(),
             lost - self._logged_lost,
             lost,
             totals.offered,
