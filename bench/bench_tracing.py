@@ -52,6 +52,9 @@ CONFIGS = (
     ("default", DEFAULT_SAMPLE_RATE, DEFAULT_WINDOW_SAMPLE_RATE),
     ("100%", 1.0, 1.0),
 )
+# The paired section's configurations: also both rates 0, where nothing is traced (the decisions and the
+# hooks alone, what every round pays).
+PAIRED = (CONFIGS[1], ("rates 0", 0.0, 0.0), CONFIGS[2])
 WARMUP_ROUNDS = 200
 Results = dict[str, list[dict]]
 BackendFactory = Callable[[ServerArgs, argparse.Namespace, str], Backend]
@@ -432,6 +435,8 @@ def report(
             label = name
             if name == "default":
                 label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
+            elif name == "rates 0":
+                label = "both rates 0 (nothing traced: decisions and hooks)"
             lines.append(
                 f"| {label} | {result['off_us']:,.1f} us | {result['hooks_us']:,.1f} us | "
                 f"{result['exporter_us']:,.1f} us | {result['spans']:,} | {result['dropped']:,} | "
@@ -484,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
             procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts, pid)
         paired = {}
         if options.pairs:
-            for name, rate, window in CONFIGS[1:]:
+            for name, rate, window in PAIRED:
                 assert rate is not None and window is not None
                 paired[name] = paired_overhead(endpoint, options.ranks, rate, window, options.pairs, options.block)
                 print(f"paired {name}: {paired[name]['overhead']:+.1%}", file=sys.stderr, flush=True)
