@@ -24,7 +24,8 @@ tuples, encoded on the exporter's thread (`otlp_wire`): the SDK tracer would cos
 against a few us here (measured), and it cannot take a span id we derived. The root span must cover its
 children, whose ends only the ranks know: each rank publishes in its row this round's start and the
 previous round's end (`Row.span_start_ns`, `Row.previous_span_end_ns`), so the controller builds round
-r's root from the rows of rounds r and r+1.
+r's root from the rows of rounds r and r+1 (a lockstep group's tracer writes them after the round, for
+traced rounds only: `GroupRoundTracer`).
 """
 
 from __future__ import annotations
