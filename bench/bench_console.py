@@ -323,23 +323,26 @@ async def console_cost(ranks: int, size: tuple[int, int], records_n: int = 3000,
     }
 
 
-async def read_cost(ranks: int, hz: float, seconds: float) -> dict:
+async def read_cost(ranks: int, hz: float, seconds: float, batch: int) -> dict:
     """CPU time the console's gRPC client alone spends per record of a `hz` stream: the console's own
-    endpoint and WatchRounds call (LOSSLESS_BOUNDED), every record parsed, nothing stored or drawn.
+    endpoint and WatchRounds call (LOSSLESS_BOUNDED, up to `batch` records per message as the console
+    asks, or one), every record parsed, nothing stored or drawn.
     CPU time of this whole process (the gRPC library's threads included), over `seconds` after a warm-up."""
     from console.endpoint import Endpoint
+    from console.source import WATCH_BATCH_DELAY_MS, unbatch
     from prefill_gate.v1 import telemetry_pb2
 
     process, target = start_server(ranks, hz)
     endpoint = Endpoint(target)
     try:
-        call = endpoint.telemetry().WatchRounds(
-            telemetry_pb2.WatchRoundsRequest(mode=telemetry_pb2.WATCH_MODE_LOSSLESS_BOUNDED))
-        received, started, cpu0, first = 0, 0.0, 0.0, 0
-        async for _record in call:
-            received += 1
-            if received == int(hz):  # a second of warm-up
-                started, cpu0, first = time.perf_counter(), time.process_time(), received
+        call = endpoint.telemetry().WatchRounds(telemetry_pb2.WatchRoundsRequest(
+            mode=telemetry_pb2.WATCH_MODE_LOSSLESS_BOUNDED, max_batch=batch, max_batch_delay_ms=WATCH_BATCH_DELAY_MS))
+        received, messages, started, cpu0, first, first_message = 0, 0, 0.0, 0.0, 0, 0
+        async for message in call:
+            received += len(unbatch(message))
+            messages += 1
+            if not started and received >= int(hz):  # a second of warm-up
+                started, cpu0, first, first_message = time.perf_counter(), time.process_time(), received, messages
             elif started and time.perf_counter() - started >= seconds:
                 break
         cpu = time.process_time() - cpu0
@@ -349,7 +352,8 @@ async def read_cost(ranks: int, hz: float, seconds: float) -> dict:
         await endpoint.close()
         stop_server(process)
     count = received - first
-    return {"ranks": ranks, "per_s": count / wall, "record_ms": cpu / count * 1e3, "share": cpu / wall}
+    return {"ranks": ranks, "batch": batch, "per_s": count / wall, "messages_per_s": (messages - first_message) / wall,
+            "record_ms": cpu / count * 1e3, "share": cpu / wall}
 
 
 def cost_report(rows: list[dict], command: str, load: tuple[float, float]) -> str:
@@ -397,7 +401,8 @@ def report(rows: list[dict], command: str, hz: float, seconds: float, load: tupl
         f"{platform.system()} {platform.release()}; 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after "
         "(the machine is shared: other work competes for the same two cores).",
         f"Stream: a seeded simulator run's records replayed by the real control plane at {hz:g} Hz (LOSSLESS_"
-        f"BOUNDED watch). Terminal {size[0]}x{size[1]}; each figure over {seconds:g} s after a warm-up.",
+        "BOUNDED watch, in the batches the console asks for: `console.source.WATCH_BATCH`). "
+        f"Terminal {size[0]}x{size[1]}; each figure over {seconds:g} s after a warm-up.",
         f"Goal: 64 ranks at {GOAL_HZ:g} Hz under {GOAL_CPU:.0%} of one core, with history (strips, heatmap) and "
         "alerts on, and no records dropped at a 1 kHz stream on an idle machine.",
         "",
@@ -474,10 +479,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.read_cost:
         load_before = os.getloadavg()[0]
+        from console.source import WATCH_BATCH
+
         for ranks in ns.ranks:
-            row = asyncio.run(read_cost(ranks, ns.hz, ns.seconds))
-            print(f"{ranks} ranks: {row['per_s']:,.0f} records/s read, {row['record_ms']:.3f} CPU ms per record, "
-                  f"{row['share']:.0%} of a core")
+            for batch in (1, WATCH_BATCH):  # one record per message, then the console's batches
+                row = asyncio.run(read_cost(ranks, ns.hz, ns.seconds, batch))
+                print(f"{ranks} ranks, max_batch {batch}: {row['per_s']:,.0f} records/s read in "
+                      f"{row['messages_per_s']:,.0f} messages/s, {row['record_ms']:.3f} CPU ms per record, "
+                      f"{row['share']:.0%} of a core")
         print(f"1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         return 0
     load_before = os.getloadavg()[0]

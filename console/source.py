@@ -29,6 +29,11 @@ SNAPSHOT_EVERY_S = 1.0  # run-level figures change slowly; the stream carries ev
 CALL_TIMEOUT_S = 3.0
 BACKFILL = TIMELINE  # rounds asked from the server's history on a fresh connection
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 5.0)  # reconnect delays; the last repeats
+# Rounds per WatchRounds message: gRPC's client spends ~0.2 ms of CPU per message, a fifth of a core
+# at 1,000 rounds/s one by one. A batch waits at most WATCH_BATCH_DELAY_MS for company, half a frame
+# at 10 frames/s; a server without batching ignores both fields and sends one record per message.
+WATCH_BATCH = 128
+WATCH_BATCH_DELAY_MS = 50
 _PERMANENT = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
 
 
@@ -103,13 +108,14 @@ class GrpcSource:
                     )
                     sink.status(Link.LIVE, f"streaming from {self.name}")
                     stopped = ""
-                    async for record in call:
-                        sink.record(record)
+                    async for message in call:
                         attempt = 0
-                        received += 1
-                        if limit is not None and received >= limit:
-                            call.cancel()
-                            return
+                        for record in unbatch(message):
+                            sink.record(record)
+                            received += 1
+                            if limit is not None and received >= limit:
+                                call.cancel()
+                                return
                     newest = sink.newest
                     stopped = "stream ended: the engine stopped" + (
                         f" after round {newest.round:,}" if newest is not None else ""
@@ -145,7 +151,11 @@ class GrpcSource:
             poller.cancel()
 
     def _watch_request(self, sink: Sink, snapshot: pb.Snapshot) -> telemetry_pb2.WatchRoundsRequest:
-        request = telemetry_pb2.WatchRoundsRequest(mode=telemetry_pb2.WATCH_MODE_LOSSLESS_BOUNDED)
+        request = telemetry_pb2.WatchRoundsRequest(
+            mode=telemetry_pb2.WATCH_MODE_LOSSLESS_BOUNDED,
+            max_batch=WATCH_BATCH,
+            max_batch_delay_ms=WATCH_BATCH_DELAY_MS,
+        )
         newest = sink.newest
         if self._resume and newest is not None and snapshot.run_id == sink.run_id:
             request.from_round = newest.round + 1  # same run: fill what was missed while away
@@ -170,6 +180,15 @@ class GrpcSource:
     async def close(self) -> None:
         """Close the channel."""
         await self.endpoint.close()
+
+
+def unbatch(message: pb.RoundRecord) -> list[pb.RoundRecord]:
+    """The records of one WatchRounds message, in round order: the message, then those that follow it."""
+    if not message.following:
+        return [message]
+    following = list(message.following)
+    message.ClearField("following")  # a stored record does not hold the rest of its batch
+    return [message, *following]
 
 
 class Records(Protocol):

@@ -65,7 +65,10 @@ async def test_a_real_run_fills_every_field_of_the_round_record():  # contract t
     )
     try:
         async with serving(args, backend=backend) as served:
-            lossless = served.telemetry.WatchRounds(telemetry_pb2.WatchRoundsRequest(from_round=0, max_queue=65536))
+            # Batched (RoundRecord.following): the records inside a message carry every field too.
+            lossless = served.telemetry.WatchRounds(
+                telemetry_pb2.WatchRoundsRequest(from_round=0, max_queue=65536, max_batch=64)
+            )
             latest = served.telemetry.WatchRounds(
                 telemetry_pb2.WatchRoundsRequest(mode=telemetry_pb2.WATCH_MODE_LATEST_ONLY)
             )
@@ -96,7 +99,8 @@ async def test_a_real_run_fills_every_field_of_the_round_record():  # contract t
                     break
             latest.cancel()
             await served.plane.drain()
-            records += [record async for record in lossless]
+            async for message in lossless:
+                records += [message, *message.following]
     finally:
         close_shared(parse_otlp_endpoint(endpoint), 0.5)
     assert unfilled(records) == set()

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from control.host.backends import SimBackend
-from control.plane import services
+from control.plane import hub, services
 from control.plane.ctl import FRESH_STREAM_OPTIONS
 from prefill_gate.v1 import telemetry_pb2, telemetry_pb2_grpc
 from prefill_gate.v1 import types_pb2 as pb
@@ -208,7 +208,7 @@ async def test_get_rounds_returns_a_range_of_the_history(monkeypatch):
 
 async def test_watch_rejects_bad_parameters_by_field():
     async with serving(gate_args(dp_size=2)) as served:
-        request = telemetry_pb2.WatchRoundsRequest(ranks=[0, 2], max_queue=services.MAX_QUEUE + 1, mode=7)
+        request = telemetry_pb2.WatchRoundsRequest(ranks=[0, 2], max_queue=hub.MAX_QUEUE + 1, mode=7)
         with pytest.raises(grpc.aio.AioRpcError) as bad:
             async for _ in served.telemetry.WatchRounds(request):
                 pass

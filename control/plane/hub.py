@@ -12,6 +12,13 @@ frame is those shared bytes plus a few bytes of its own (`dropped_before`, and t
 exception: synchronous consumers of every record's protobuf form (the recorder), called inside
 `publish`, so they must be quick and must not raise.
 
+A stream may ask for batches (`max_batch` > 1, LOSSLESS_BOUNDED only): a frame then carries up to
+`max_batch` records, the first as the message and the rest in its `following` field (each a nested
+record with its own freshness fields). A batch leaves when it is full or `max_delay_s` after its first
+record was published, whichever comes first; what is already queued goes out at once. While a batch
+waits, the stream is woken once (full, or the delay passed), not per record: that is where batching
+saves the server's work, and the client's.
+
 A stream ends cleanly (`close_all`, after what it has queued) or with a failure (`fail_all`, at once,
 with the reason) when the engine crashed.
 """
@@ -29,6 +36,14 @@ from prefill_gate.v1 import types_pb2 as pb
 
 DEFAULT_QUEUE = 1024
 MAX_QUEUE = 65536
+MAX_BATCH = 1024
+DEFAULT_BATCH_DELAY_S = 0.050
+MAX_BATCH_DELAY_S = 1.0
+# A batch stops growing past this many bytes: well under gRPC's default 4 MiB receive limit.
+MAX_BATCH_BYTES = 1 << 20
+# The tag of RoundRecord.following (field 60, length-delimited): the frame of a batch is built from
+# the records' shared bytes without parsing them.
+_FOLLOWING_TAG = bytes([0xE2, 0x03])
 
 Tap = Callable[[pb.RoundRecord], None]
 
@@ -50,12 +65,13 @@ class StreamFailed(RuntimeError):
 class _Entry:
     """A record with its protobuf form and bytes, built on first use and shared by every reader."""
 
-    __slots__ = ("_bytes", "_pb", "origin_of", "record", "run_id")
+    __slots__ = ("_bytes", "_pb", "origin_of", "published", "record", "run_id")
 
     def __init__(self, record: RoundRecord, run_id: str, origin_of: OriginOf | None = None) -> None:
         self.record = record
         self.run_id = run_id
         self.origin_of = origin_of
+        self.published = time.monotonic()  # when the hub got it: a batch's delay counts from here
         self._pb: pb.RoundRecord | None = None
         self._bytes: bytes | None = None
 
@@ -84,10 +100,15 @@ class Subscriber:
         *,
         previous_round: int = -1,
         replay: Iterable[_Entry] = (),
+        max_batch: int = 1,
+        max_delay_s: float = DEFAULT_BATCH_DELAY_S,
     ) -> None:
         self.hub = hub
         self.latest_only = latest_only
         self.max_queue = 1 if latest_only else max_queue
+        self.max_batch = 1 if latest_only else max(1, max_batch)
+        self.max_delay_s = max_delay_s
+        self._wake_at = 1  # queued records that wake the writer: more while a batch waits to fill
         self.ranks = frozenset(ranks)
         self._replay: deque[_Entry] = deque(replay)
         self._queue: deque[_Entry] = deque()
@@ -108,7 +129,8 @@ class Subscriber:
             if self.latest_only:
                 self._replay.clear()  # the newest is all this stream wants
         queue.append(entry)
-        self._ready.set()
+        if len(queue) >= self._wake_at:
+            self._ready.set()
 
     def close(self) -> None:
         """End the stream after what is queued."""
@@ -122,37 +144,84 @@ class Subscriber:
         self._ready.set()
 
     async def next_frame(self) -> bytes | None:
-        """The next record's wire bytes (None once closed and drained); raises StreamFailed.
+        """The next message's wire bytes (None once closed and drained); raises StreamFailed.
 
-        The record is chosen now, when the caller is ready to write it: the newest in LATEST_ONLY.
+        The records are chosen now, when the caller is ready to write: the newest in LATEST_ONLY; with
+        batching, what is queued, then what arrives until the batch is full or its delay passed.
         """
         while True:
             if self.failure is not None:
                 raise StreamFailed(self.failure)
-            if self._replay:
-                entry = self._replay.popleft()
-                break
-            if self._queue:
-                entry = self._queue.popleft()
+            entry = self._pop()
+            if entry is not None:
                 break
             if self.closed:
                 return None
             self._ready.clear()
             await self._ready.wait()
+        batch = [entry]
+        if self.max_batch > 1:
+            await self._fill(batch)
+        # One write: every record of it has the same freshness fields, serialized once (dropped_before 0
+        # is protobuf's default, so a record that skipped nothing needs no bytes of its own beyond these).
+        fresh = pb.RoundRecord(latest_round=self.hub.last_round or 0, sent_unix_nanos=time.time_ns())
+        fresh_bytes = fresh.SerializeToString()
+        first = self._encode(batch[0], fresh_bytes)
+        if len(batch) == 1:
+            return first
+        parts = [first]
+        for entry in batch[1:]:
+            body = self._encode(entry, fresh_bytes)
+            parts += (_FOLLOWING_TAG, _varint(len(body)), body)
+        return b"".join(parts)
+
+    def _pop(self) -> _Entry | None:
+        if self._replay:
+            return self._replay.popleft()
+        if self._queue:
+            return self._queue.popleft()
+        return None
+
+    async def _fill(self, batch: list[_Entry]) -> None:
+        """Add records to `batch` until it is full, about MAX_BATCH_BYTES, or its delay passed."""
+        deadline = batch[0].published + self.max_delay_s
+        size = len(batch[0].bytes)
+        loop = asyncio.get_running_loop()
+        while len(batch) < self.max_batch and size < MAX_BATCH_BYTES:
+            if self.failure is not None:
+                raise StreamFailed(self.failure)
+            entry = self._pop()
+            if entry is not None:
+                batch.append(entry)
+                size += len(entry.bytes)
+                continue
+            wait_s = deadline - time.monotonic()
+            if self.closed or wait_s <= 0:
+                return
+            # Woken once: when the rest of the batch is queued (or the queue is full: taking it then loses
+            # nothing to the bound), at the deadline, or on close/fail.
+            self._wake_at = min(self.max_batch - len(batch), self.max_queue)
+            self._ready.clear()
+            timer = loop.call_later(wait_s, self._ready.set)
+            try:
+                await self._ready.wait()
+            finally:
+                timer.cancel()
+                self._wake_at = 1
+
+    def _encode(self, entry: _Entry, fresh: bytes) -> bytes:
+        """One record's bytes with this stream's own fields (dropped_before, then `fresh`) merged in."""
         round_index = entry.record.round
         dropped = max(0, round_index - self._previous - 1)
         self._previous = round_index
         self.dropped_total += dropped
         body = entry.bytes if not self.ranks else self._filtered(entry)
-        own = pb.RoundRecord(
-            dropped_before=dropped,
-            latest_round=self.hub.last_round or 0,
-            sent_unix_nanos=time.time_ns(),
-        )
-        return body + own.SerializeToString()
+        if dropped:
+            body += pb.RoundRecord(dropped_before=dropped).SerializeToString()
+        return body + fresh
 
     async def next(self) -> pb.RoundRecord | None:
-        """The next record as a message (None once closed and drained); raises StreamFailed."""
+        """The next message (None once closed and drained); raises StreamFailed."""
         frame = await self.next_frame()
         return None if frame is None else pb.RoundRecord.FromString(frame)
 
@@ -162,6 +231,32 @@ class Subscriber:
         del copy.ranks[:]
         copy.ranks.extend(row for row in entry.pb.ranks if row.rank in self.ranks)
         return copy.SerializeToString()
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def watch_violations(
+    max_queue: int, max_batch: int, max_batch_delay_s: float, latest_only: bool
+) -> list[tuple[str, str]]:
+    """(field, problem) for each bad stream parameter; empty when all are good."""
+    out = []
+    if not 0 <= max_queue <= MAX_QUEUE:
+        out.append(("max_queue", f"must be in [0, {MAX_QUEUE}] (0: the default {DEFAULT_QUEUE}), got {max_queue}"))
+    if not 0 <= max_batch <= MAX_BATCH:
+        out.append(("max_batch", f"must be in [0, {MAX_BATCH}] (0 or 1: one record per message), got {max_batch}"))
+    elif max_batch > 1 and latest_only:
+        out.append(("max_batch", f"must be 0 or 1 in LATEST_ONLY (it sends the newest record alone), got {max_batch}"))
+    if not 0 <= max_batch_delay_s <= MAX_BATCH_DELAY_S:
+        limit, default, got = (round(s * 1000) for s in (MAX_BATCH_DELAY_S, DEFAULT_BATCH_DELAY_S, max_batch_delay_s))
+        out.append(("max_batch_delay_ms", f"must be in [0, {limit}] (0: the default {default}), got {got}"))
+    return out
 
 
 class RoundHub:
@@ -221,15 +316,23 @@ class RoundHub:
         return self._history[-1].pb if self._history else None
 
     def subscribe(
-        self, *, from_round: int | None = None, latest_only: bool = False, max_queue: int = 0, ranks: Iterable[int] = ()
+        self,
+        *,
+        from_round: int | None = None,
+        latest_only: bool = False,
+        max_queue: int = 0,
+        ranks: Iterable[int] = (),
+        max_batch: int = 0,
+        max_batch_delay_s: float = 0.0,
     ) -> Subscriber:
         """A new subscriber, replaying history from `from_round` when given; raises OutOfHistory.
 
-        After `close_all` the subscriber is closed at once (it still receives the history it asked
-        for); after `fail_all` it fails at once.
+        `max_batch` (0 or 1: one record per frame) and `max_batch_delay_s` (0: the default) batch the
+        frames. After `close_all` the subscriber is closed at once (it still receives the history it
+        asked for); after `fail_all` it fails at once. Bad parameters raise ValueError, nothing changed.
         """
-        if max_queue < 0 or max_queue > MAX_QUEUE:
-            raise ValueError(f"max_queue must be in [0, {MAX_QUEUE}], got {max_queue}")
+        for problem in watch_violations(max_queue, max_batch, max_batch_delay_s, latest_only):
+            raise ValueError(f"{problem[0]} {problem[1]}")
         replay: list[_Entry] = []
         last = self.last_round
         previous = last if last is not None else -1
@@ -242,7 +345,14 @@ class RoundHub:
             if latest_only:
                 replay = replay[-1:]
         subscriber = Subscriber(
-            self, latest_only, max_queue or DEFAULT_QUEUE, ranks, previous_round=previous, replay=replay
+            self,
+            latest_only,
+            max_queue or DEFAULT_QUEUE,
+            ranks,
+            previous_round=previous,
+            replay=replay,
+            max_batch=max_batch,
+            max_delay_s=max_batch_delay_s or DEFAULT_BATCH_DELAY_S,
         )
         subscriber.min_round = max(previous, last if last is not None else -1) + 1
         if self.failure is not None:

@@ -31,7 +31,7 @@ from control.host.controller import (
     RequestStream,
     StaleEpoch,
 )
-from control.plane.hub import MAX_QUEUE, OutOfHistory, StreamFailed, Subscriber
+from control.plane.hub import OutOfHistory, StreamFailed, Subscriber, watch_violations
 from control.telemetry.trace_status import TraceStatus, trace_status
 from engine.metrics import Summary
 from engine.request import Finished, FinishReason, FirstToken, Refused, RequestError, RequestEvent, Tokens
@@ -143,8 +143,9 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
     async def WatchRounds(self, request: telemetry_pb2.WatchRoundsRequest, context: grpc.aio.ServicerContext) -> None:
         """Every round from `from_round` (or the next one) through this stream's own bounded queue."""
         violations = _rank_violations(request.ranks, self.controller.backend.dp_size)
-        if request.max_queue > MAX_QUEUE:
-            violations.append(("max_queue", f"must be <= {MAX_QUEUE} (0: the default), got {request.max_queue}"))
+        latest_only = request.mode == telemetry_pb2.WATCH_MODE_LATEST_ONLY
+        batch_delay_s = request.max_batch_delay_ms / 1000
+        violations += watch_violations(request.max_queue, request.max_batch, batch_delay_s, latest_only)
         if request.mode not in telemetry_pb2.WatchMode.values():
             violations.append(("mode", f"unknown watch mode {request.mode}"))
         if violations:
@@ -153,9 +154,11 @@ class GateTelemetry(telemetry_pb2_grpc.GateTelemetryServicer):
         try:
             subscriber = hub.subscribe(
                 from_round=request.from_round if request.HasField("from_round") else None,
-                latest_only=request.mode == telemetry_pb2.WATCH_MODE_LATEST_ONLY,
+                latest_only=latest_only,
                 max_queue=request.max_queue,
                 ranks=request.ranks,
+                max_batch=request.max_batch,
+                max_batch_delay_s=batch_delay_s,
             )
         except OutOfHistory as exc:
             context.set_trailing_metadata(((HISTORY_FIRST_ROUND_KEY, str(exc.first)),))

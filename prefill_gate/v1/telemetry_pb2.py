@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from prefill_gate.v1 import types_pb2 as prefill__gate_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprefill_gate/v1/telemetry.proto\x12\x0fprefill_gate.v1\x1a\x1bprefill_gate/v1/types.proto\"\x88\x01\n\x12WatchRoundsRequest\x12\x17\n\nfrom_round\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12(\n\x04mode\x18\x02 \x01(\x0e\x32\x1a.prefill_gate.v1.WatchMode\x12\x11\n\tmax_queue\x18\x03 \x01(\r\x12\r\n\x05ranks\x18\x04 \x03(\rB\r\n\x0b_from_round\"\x14\n\x12GetSnapshotRequest\"G\n\x10GetRoundsRequest\x12\x12\n\nfrom_round\x18\x01 \x01(\x04\x12\x10\n\x08to_round\x18\x02 \x01(\x04\x12\r\n\x05ranks\x18\x03 \x03(\r\"\x8e\x01\n\x11GetRoundsResponse\x12-\n\x07records\x18\x01 \x03(\x0b\x32\x1c.prefill_gate.v1.RoundRecord\x12\x1b\n\x13history_first_round\x18\x02 \x01(\x04\x12\x1a\n\x12history_last_round\x18\x03 \x01(\x04\x12\x11\n\ttruncated\x18\x04 \x01(\x08*H\n\tWatchMode\x12\x1f\n\x1bWATCH_MODE_LOSSLESS_BOUNDED\x10\x00\x12\x1a\n\x16WATCH_MODE_LATEST_ONLY\x10\x01\x32\x86\x02\n\rGateTelemetry\x12R\n\x0bWatchRounds\x12#.prefill_gate.v1.WatchRoundsRequest\x1a\x1c.prefill_gate.v1.RoundRecord0\x01\x12M\n\x0bGetSnapshot\x12#.prefill_gate.v1.GetSnapshotRequest\x1a\x19.prefill_gate.v1.Snapshot\x12R\n\tGetRounds\x12!.prefill_gate.v1.GetRoundsRequest\x1a\".prefill_gate.v1.GetRoundsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprefill_gate/v1/telemetry.proto\x12\x0fprefill_gate.v1\x1a\x1bprefill_gate/v1/types.proto\"\xb7\x01\n\x12WatchRoundsRequest\x12\x17\n\nfrom_round\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12(\n\x04mode\x18\x02 \x01(\x0e\x32\x1a.prefill_gate.v1.WatchMode\x12\x11\n\tmax_queue\x18\x03 \x01(\r\x12\r\n\x05ranks\x18\x04 \x03(\r\x12\x11\n\tmax_batch\x18< \x01(\r\x12\x1a\n\x12max_batch_delay_ms\x18= \x01(\rB\r\n\x0b_from_round\"\x14\n\x12GetSnapshotRequest\"G\n\x10GetRoundsRequest\x12\x12\n\nfrom_round\x18\x01 \x01(\x04\x12\x10\n\x08to_round\x18\x02 \x01(\x04\x12\r\n\x05ranks\x18\x03 \x03(\r\"\x8e\x01\n\x11GetRoundsResponse\x12-\n\x07records\x18\x01 \x03(\x0b\x32\x1c.prefill_gate.v1.RoundRecord\x12\x1b\n\x13history_first_round\x18\x02 \x01(\x04\x12\x1a\n\x12history_last_round\x18\x03 \x01(\x04\x12\x11\n\ttruncated\x18\x04 \x01(\x08*H\n\tWatchMode\x12\x1f\n\x1bWATCH_MODE_LOSSLESS_BOUNDED\x10\x00\x12\x1a\n\x16WATCH_MODE_LATEST_ONLY\x10\x01\x32\x86\x02\n\rGateTelemetry\x12R\n\x0bWatchRounds\x12#.prefill_gate.v1.WatchRoundsRequest\x1a\x1c.prefill_gate.v1.RoundRecord0\x01\x12M\n\x0bGetSnapshot\x12#.prefill_gate.v1.GetSnapshotRequest\x1a\x19.prefill_gate.v1.Snapshot\x12R\n\tGetRounds\x12!.prefill_gate.v1.GetRoundsRequest\x1a\".prefill_gate.v1.GetRoundsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prefill_gate.v1.telemetry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WATCHMODE']._serialized_start=460
-  _globals['_WATCHMODE']._serialized_end=532
+  _globals['_WATCHMODE']._serialized_start=507
+  _globals['_WATCHMODE']._serialized_end=579
   _globals['_WATCHROUNDSREQUEST']._serialized_start=82
-  _globals['_WATCHROUNDSREQUEST']._serialized_end=218
-  _globals['_GETSNAPSHOTREQUEST']._serialized_start=220
-  _globals['_GETSNAPSHOTREQUEST']._serialized_end=240
-  _globals['_GETROUNDSREQUEST']._serialized_start=242
-  _globals['_GETROUNDSREQUEST']._serialized_end=313
-  _globals['_GETROUNDSRESPONSE']._serialized_start=316
-  _globals['_GETROUNDSRESPONSE']._serialized_end=458
-  _globals['_GATETELEMETRY']._serialized_start=535
-  _globals['_GATETELEMETRY']._serialized_end=797
+  _globals['_WATCHROUNDSREQUEST']._serialized_end=265
+  _globals['_GETSNAPSHOTREQUEST']._serialized_start=267
+  _globals['_GETSNAPSHOTREQUEST']._serialized_end=287
+  _globals['_GETROUNDSREQUEST']._serialized_start=289
+  _globals['_GETROUNDSREQUEST']._serialized_end=360
+  _globals['_GETROUNDSRESPONSE']._serialized_start=363
+  _globals['_GETROUNDSRESPONSE']._serialized_end=505
+  _globals['_GATETELEMETRY']._serialized_start=582
+  _globals['_GATETELEMETRY']._serialized_end=844
 # @@protoc_insertion_point(module_scope)

@@ -16,16 +16,20 @@ WATCH_MODE_LOSSLESS_BOUNDED: WatchMode
 WATCH_MODE_LATEST_ONLY: WatchMode
 
 class WatchRoundsRequest(_message.Message):
-    __slots__ = ("from_round", "mode", "max_queue", "ranks")
+    __slots__ = ("from_round", "mode", "max_queue", "ranks", "max_batch", "max_batch_delay_ms")
     FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     from_round: int
     mode: WatchMode
     max_queue: int
     ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, from_round: _Optional[int] = ..., mode: _Optional[_Union[WatchMode, str]] = ..., max_queue: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    max_batch: int
+    max_batch_delay_ms: int
+    def __init__(self, from_round: _Optional[int] = ..., mode: _Optional[_Union[WatchMode, str]] = ..., max_queue: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., max_batch: _Optional[int] = ..., max_batch_delay_ms: _Optional[int] = ...) -> None: ...
 
 class GetSnapshotRequest(_message.Message):
     __slots__ = ()

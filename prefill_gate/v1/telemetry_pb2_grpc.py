@@ -72,6 +72,12 @@ class GateTelemetryServicer:
         sleeping s seconds between reads gets records about 2 s old, and in LOSSLESS_BOUNDED a record is
         never more than max_queue rounds behind when sent without dropped_before saying so.
 
+        Batched (max_batch > 1): every record in a message carries its own dropped_before, latest_round
+        and sent_unix_nanos, so every gap and age is told record by record. A record can wait in its batch:
+        at most max_batch_delay_ms after it was published unless the reader is behind, and it is then at
+        most max_queue + max_batch - 1 rounds behind when sent without dropped_before saying so. A clean
+        stop sends a partial batch at once; a crash ends the stream at once (UNAVAILABLE).
+
         Ends OK after a clean stop (drain) once the queued records are sent; UNAVAILABLE with the reason
         when the engine crashed, a collective failed or a rank was lost; OUT_OF_RANGE (trailing metadata
         history-first-round) when from_round is older than the ring; INVALID_ARGUMENT for bad parameters.

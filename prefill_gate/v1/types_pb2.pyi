@@ -86,7 +86,7 @@ class GateConfig(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., attempt_interval: _Optional[int] = ..., any_interval: _Optional[int] = ..., enabled: _Optional[bool] = ..., policy: _Optional[str] = ..., changed_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
-    __slots__ = ("round", "unix_nanos", "counter", "point", "open", "counter_after", "all_decode_or_idle", "round_seconds", "ranks", "config", "dropped_before", "clock_seconds", "run_id", "adopted_epoch", "ranks_extending", "ranks_wanting", "ranks_blocking_all", "latest_round", "sent_unix_nanos", "ttft_seconds", "itl_seconds", "itl_tokens", "adopted_config")
+    __slots__ = ("round", "unix_nanos", "counter", "point", "open", "counter_after", "all_decode_or_idle", "round_seconds", "ranks", "config", "dropped_before", "clock_seconds", "run_id", "adopted_epoch", "ranks_extending", "ranks_wanting", "ranks_blocking_all", "latest_round", "sent_unix_nanos", "ttft_seconds", "itl_seconds", "itl_tokens", "adopted_config", "following")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class RoundRecord(_message.Message):
     ITL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ITL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADOPTED_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWING_FIELD_NUMBER: _ClassVar[int]
     round: int
     unix_nanos: int
     counter: int
@@ -133,7 +134,8 @@ class RoundRecord(_message.Message):
     itl_seconds: _containers.RepeatedScalarFieldContainer[float]
     itl_tokens: _containers.RepeatedScalarFieldContainer[int]
     adopted_config: GateConfig
-    def __init__(self, round: _Optional[int] = ..., unix_nanos: _Optional[int] = ..., counter: _Optional[int] = ..., point: _Optional[_Union[GatePoint, str]] = ..., open: _Optional[bool] = ..., counter_after: _Optional[int] = ..., all_decode_or_idle: _Optional[bool] = ..., round_seconds: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankRow, _Mapping]]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., dropped_before: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., run_id: _Optional[str] = ..., adopted_epoch: _Optional[int] = ..., ranks_extending: _Optional[int] = ..., ranks_wanting: _Optional[int] = ..., ranks_blocking_all: _Optional[int] = ..., latest_round: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ..., ttft_seconds: _Optional[_Iterable[float]] = ..., itl_seconds: _Optional[_Iterable[float]] = ..., itl_tokens: _Optional[_Iterable[int]] = ..., adopted_config: _Optional[_Union[GateConfig, _Mapping]] = ...) -> None: ...
+    following: _containers.RepeatedCompositeFieldContainer[RoundRecord]
+    def __init__(self, round: _Optional[int] = ..., unix_nanos: _Optional[int] = ..., counter: _Optional[int] = ..., point: _Optional[_Union[GatePoint, str]] = ..., open: _Optional[bool] = ..., counter_after: _Optional[int] = ..., all_decode_or_idle: _Optional[bool] = ..., round_seconds: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankRow, _Mapping]]] = ..., config: _Optional[_Union[GateConfig, _Mapping]] = ..., dropped_before: _Optional[int] = ..., clock_seconds: _Optional[float] = ..., run_id: _Optional[str] = ..., adopted_epoch: _Optional[int] = ..., ranks_extending: _Optional[int] = ..., ranks_wanting: _Optional[int] = ..., ranks_blocking_all: _Optional[int] = ..., latest_round: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ..., ttft_seconds: _Optional[_Iterable[float]] = ..., itl_seconds: _Optional[_Iterable[float]] = ..., itl_tokens: _Optional[_Iterable[int]] = ..., adopted_config: _Optional[_Union[GateConfig, _Mapping]] = ..., following: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ...) -> None: ...
 
 class RunStats(_message.Message):
     __slots__ = ("rounds", "rounds_per_second", "output_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p99_seconds", "gate_wait_p99_seconds", "gate_wait_p99_rounds", "extend_round_share", "ranks_extending_per_window", "windows_any", "windows_all", "requests_submitted", "requests_finished", "requests_aborted", "requests_refused", "output_tokens", "retractions", "records_dropped", "trace_spans_dropped", "elapsed_seconds", "requests_cut_off", "tracing", "prompt_tokens", "prefix_hit_requests", "prefix_hit_tokens", "prefix_hit_share")
