@@ -104,10 +104,19 @@ class RankEngine:
         self._forward_us = 0
         self.timer: PhaseTimer = NullTimer()
         self.observer: RoundObserver | None = None
+        # True while a lockstep driver calls the observer once per round for its whole group (see
+        # `LockstepDriver`): the rank then calls none of the observer's hooks itself.
+        self.group_observed = False
         # Per-round state between the two halves.
         self._round_start = 0.0
         self._decision = Decision(allow_prefill=False)
         self._plan = Plan(round=0)
+
+    @property
+    def decision(self) -> Decision:
+        """This round's decision from the decide phase on (the previous round's before it): what a phase
+        timer reads at the "decide" lap."""
+        return self._decision
 
     # -- the round ---------------------------------------------------------------------------------
 
@@ -171,7 +180,7 @@ class RankEngine:
             outcome.record = self._record(outcome, record_config)
         self.round += 1
         timer.lap("commit")
-        if self.observer is not None:
+        if self.observer is not None and not self.group_observed:
             self.observer.round_done(self, outcome)
         return outcome
 
@@ -247,7 +256,7 @@ class RankEngine:
             proposal_any_interval=_interval(proposal, "any_interval"),
             stop=self._stop_requested and self.rank == 0,
         )
-        if self.observer is not None:
+        if self.observer is not None and not self.group_observed:
             self.observer.fill_row(row)
         return row
 

@@ -14,6 +14,7 @@ import pytest
 from control.host.backends import Polled, SimBackend
 from control.host.controller import Controller
 from control.host.serve import build_backend, format_summary, run_serve
+from control.host.sim_child import SimProcessBackend
 from control.plane.grpc_server import ControlPlane, PlaneOptions
 from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import ENDPOINT_ENV, attach_telemetry, rank_observer_spec
@@ -288,3 +289,30 @@ def test_serve_s_simulator_ends_with_final_counts_and_every_rank_span_delivered(
     rank_spans = [span for _, span in receiver.spans() if span.name in ("gate.round", "plan", "all-gather", "forward")]
     assert len(rank_spans) == len(records) * 2 * 4 > 0
     assert "not final" not in out.getvalue() and "spans dropped 0 (ranks 0;" in out.getvalue()
+
+
+def test_a_simulator_process_s_refused_spans_are_all_in_the_run_s_final_count(receiver, monkeypatch):
+    # Issue 14, session 3: a bench log line "4 of 67,588 spans refused (queue full)" was read as a
+    # simulator child's loss that its run's status missed (it was the exporter-capacity section's shipper,
+    # whose producer fills the queue on purpose). The property itself, through `serve`'s child process:
+    # a queue too small for the run refuses spans, and every rank span is either at the collector or in
+    # the final count, exactly.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0", "--no-otlp-metrics")
+    ns.pace, ns.processes, ns.no_progress = None, False, True
+    args = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
+    run_id = "child-refusals"
+    observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
+    kwargs["queue_spans"] = 200  # 25 rounds of 2 ranks: the run outgrows it before the first export
+    workload = Workload(ClosedLoop(4), dp_size=2, prompt=Fixed(100), output=Fixed(30), limit=24, seed=1)
+    backend = SimProcessBackend(args, workload, observer=observer, observer_kwargs=kwargs)
+    controller = Controller(args, backend, run_id=run_id)
+    records = []
+    controller.listeners.append(records.append)
+    out = io.StringIO()
+    assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=out)) == 0
+    status = trace_status(controller)
+    rank_spans = [span for _, span in receiver.spans() if span.name in ("gate.round", "plan", "all-gather", "forward")]
+    assert status.ranks_final and status.spans_dropped_by_ranks > 0 and rank_spans, out.getvalue()
+    assert len(rank_spans) + status.spans_dropped_by_ranks == len(records) * 2 * 4
+    assert status.spans_dropped == status.spans_dropped_by_ranks  # the controller's own spans all arrived

@@ -25,19 +25,36 @@ from control.telemetry.telemetry_cli import (
     telemetry_settings,
     trace_spans_dropped,
 )
-from control.telemetry.trace_export import DropCounter, ShipperConfig, build_shipper, parse_otlp_endpoint
+from control.telemetry.trace_export import (
+    DropCounter,
+    ShipperConfig,
+    build_shipper,
+    close_shared,
+    parse_otlp_endpoint,
+)
 from control.telemetry.tracing import (
+    CANDIDATE,
+    TIMED,
+    UNTIMED,
+    CandidateMarks,
+    RankRoundTracer,
+    RoundMarks,
     RoundSampler,
     SampleReason,
     forget_run,
     hot_ranks,
     new_span_id,
+    rank_observer,
     rank_resource,
     rank_span_id,
     round_root_span_id,
     round_trace_id,
     sample_reason,
+    sampling_key,
 )
+from engine.drivers.lockstep import LockstepDriver
+from engine.gate import GatePoint
+from engine.phases import NullTimer
 from engine.rows import Row
 from tests.helpers import sim_args
 from tests.otlp_receiver import OtlpReceiver
@@ -134,6 +151,64 @@ def test_window_rate_samples_window_rounds_at_its_rate_and_agrees_across_sampler
     assert 300 < sum(c is not None for c in windows) < 500  # ~20% of 2000
     assert sum(c is not None for c in others) < 120  # ~1% of 6000
     assert {c.reason for c in others if c is not None} == {SampleReason.RATIO}
+
+
+def test_round_timing_is_known_before_the_round_and_matches_the_sampling_key():
+    # A round's timing (computed for blocks of rounds at once) is its sampling key against the rates:
+    # TIMED under the sample rate, CANDIDATE under the window rate only, else UNTIMED.
+    for rate, window in ((0.01, 0.05), (0.0, 0.0), (1.0, 1.0), (0.3, 0.1), (0.2, 1.0)):
+        sampler = RoundSampler("run-t", rate, window)
+        ratio, larger = sampler.ratio.bound, max(sampler.ratio.bound, sampler.window.bound)
+        for r in [*range(5000), 4095, 4096, 10**9 + 7]:
+            key = sampling_key(sampler._seed, r)
+            assert sampler.timing(r) == (TIMED if key < ratio else CANDIDATE if key < larger else UNTIMED), (rate, r)
+
+
+def test_a_lockstep_group_is_observed_once_per_round_and_times_only_what_may_be_traced(monkeypatch):
+    # The lockstep driver calls the group's tracer instead of each rank's hooks; an untimed round leaves
+    # the ranks' timers off; a window candidate's phases are timed from its vote on, only if it opened.
+    def never(*_: object) -> None:
+        raise AssertionError("a rank's own tracing hook ran in a lockstep group")
+
+    monkeypatch.setattr(RankRoundTracer, "fill_row", never)
+    monkeypatch.setattr(RankRoundTracer, "round_done", never)
+    args = gate_args()
+    driver = LockstepDriver(args)
+    workload = Workload(ClosedLoop(9), dp_size=3, prompt=Fixed(200), output=Fixed(20), seed=4)
+    run_id = "group-hook"
+    for engine in driver.engines:  # an endpoint nobody listens on: the spans are refused later, counted
+        engine.observer = rank_observer(
+            engine, endpoint="127.0.0.1:9", run_id=run_id, sample_rate=0.1, window_sample_rate=0.6
+        )
+    sampler = engine.observer.sampler
+    seen = collections.Counter()
+    try:
+        for _ in range(300):
+            round_ = driver.engines[0].round
+            outcomes, _ = driver.step_with(workload)
+            timing = sampler.timing(round_)
+            timers = [engine.timer for engine in driver.engines]
+            opened = outcomes[0].decision.allow_prefill and outcomes[0].decision.point != GatePoint.NONE
+            if timing == UNTIMED:
+                assert all(type(timer) is NullTimer for timer in timers)
+            elif timing == TIMED:
+                assert all(type(timer) is RoundMarks and len(timer.marks) == 8 for timer in timers)
+            else:
+                assert all(type(timer) is CandidateMarks and timer.live == opened for timer in timers)
+                assert all(len(timer.marks) == 7 for timer in timers if timer.live)  # from "decide" on
+            seen[timing, opened] += 1
+            traced = sampler.context is not None
+            assert all(row.span_start_ns > 0 for row in outcomes[0].rows) == traced
+        assert all(engine.group_observed for engine in driver.engines)
+        assert seen[CANDIDATE, True] and seen[CANDIDATE, False] and seen[TIMED, True] and seen[UNTIMED, False]
+        for engine in driver.engines:  # observers taken away: the ranks step as before any tracer
+            engine.observer = None
+        driver.step_with(workload)
+        assert driver.observer is None and not any(engine.group_observed for engine in driver.engines)
+        assert all(type(engine.timer) is NullTimer for engine in driver.engines)
+    finally:
+        forget_run(run_id)
+        close_shared(parse_otlp_endpoint("127.0.0.1:9"), 0.1)
 
 
 def test_sampler_watermark_rule_uses_the_previous_round():
@@ -401,14 +476,24 @@ def test_failing_collectors_do_not_slow_rounds_and_drops_are_counted(receiver: O
     assert 0 < dropped_1 < dropped_2, figures  # every lost span is counted, and the count only grows
 
 
-def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceiver, monkeypatch):
-    # The simulator steps all ranks in one process (shared sampler and shipper, the controller reusing the
-    # ranks' decisions): every traced round still holds the root and each rank's tree, with the lockstep
-    # all-gather marked as such.
+@pytest.mark.parametrize("window", [0.1, 0.6])
+def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceiver, monkeypatch, window: float):
+    # The simulator steps all ranks in one process (one group tracer, shared sampler and shipper, the
+    # controller reusing the ranks' decisions): every traced round still holds the root and each rank's
+    # tree, with the lockstep all-gather marked as such. With a window rate above the sample rate, the
+    # window rounds' phases are timed from their vote on, and their trees are complete too.
     monkeypatch.delenv(ENDPOINT_ENV, raising=False)
-    ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "0.1", "--no-otlp-metrics")
+    ns = telemetry_ns(
+        "--otlp-endpoint",
+        receiver.endpoint,
+        "--trace-sample-rate",
+        "0.1",
+        "--trace-window-sample-rate",
+        str(window),
+        "--no-otlp-metrics",
+    )
     ns.no_progress = True
-    run_id = "trace-lockstep"
+    run_id = f"trace-lockstep-{window}"
     args = gate_args()
     observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
     workload = Workload(ClosedLoop(6), dp_size=3, prompt=Fixed(200), output=Fixed(20), limit=24, seed=4)
@@ -417,9 +502,12 @@ def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceive
     controller.listeners.append(records.append)
     assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
 
-    sampler = RoundSampler(run_id, 0.1, 0.1)  # a fresh, independent sampler: it must pick the same rounds
+    sampler = RoundSampler(run_id, 0.1, window)  # a fresh, independent sampler: it must pick the same rounds
     forget_run(run_id)
-    expected = {rec.round for rec in records if sampler.decide(rec.round, rec.rows, rec.adopted_epoch)}
+    reasons = {rec.round: sampler.decide(rec.round, rec.rows, rec.adopted_epoch) for rec in records}
+    expected = {round_ for round_, context in reasons.items() if context is not None}
+    if window > 0.1:
+        assert any(c.reason is SampleReason.OPEN for c in reasons.values() if c is not None)
     spans = [(res, span) for res, span in receiver.spans() if not is_request(span)]
     roots = {_attrs(span)["gate.round"] for _, span in spans if span.name == "round"}
     assert roots == expected and len(spans) == 13 * len(expected)

@@ -31,6 +31,7 @@ _FLAGS_IS_REMOTE = 0x200
 _fixed64 = struct.Struct("<Q").pack
 _double = struct.Struct("<d").pack
 _fixed32 = struct.Struct("<I").pack
+_times = struct.Struct("<BQBQ").pack  # Span start (field 7) and end (field 8): tag, fixed64, tag, fixed64
 
 
 class SpanData(NamedTuple):
@@ -118,6 +119,19 @@ def _pair(key: str, value: AttrValue) -> bytes:
     return encoded
 
 
+_span_pairs: dict[tuple[str, object, type], bytes] = {}
+
+
+def _span_attribute(key: str, value: AttrValue) -> bytes:
+    """A Span.attributes entry, tag included (what `encode_span` looks up first, for each attribute)."""
+    encoded = b"\x4a" + _pair(key, value)
+    if not isinstance(value, list):  # a list is not hashable: encoded every time (spans seldom carry one)
+        if len(_span_pairs) >= _PAIR_MEMORY:
+            _span_pairs.clear()
+        _span_pairs[(key, value, type(value))] = encoded
+    return encoded
+
+
 def _attributes(tag: bytes, attributes: Attributes) -> bytes:
     return b"".join([tag + _pair(key, value) for key, value in attributes.items()])
 
@@ -138,16 +152,16 @@ def _name_and_kind(name: str, kind: int) -> bytes:
 
 def encode_span(span: SpanData) -> bytes:
     """A Span message body."""
-    parts = [
-        b"\x0a\x10" + span.trace_id.to_bytes(16, "big"),
-        b"\x12\x08" + span.span_id.to_bytes(8, "big"),
-    ]
+    parts = [b"\x0a\x10", span.trace_id.to_bytes(16, "big"), b"\x12\x08", span.span_id.to_bytes(8, "big")]
     if span.parent_id:
-        parts.append(b"\x22\x08" + span.parent_id.to_bytes(8, "big"))
+        parts += (b"\x22\x08", span.parent_id.to_bytes(8, "big"))
     parts.append(_name_and_kind(span.name, span.kind))
-    parts.append(b"\x39" + _fixed64(span.start_ns))
-    parts.append(b"\x41" + _fixed64(max(span.start_ns, span.end_ns)))
-    parts += [b"\x4a" + _pair(key, value) for key, value in span.attributes.items()]
+    start = span.start_ns
+    parts.append(_times(0x39, start, 0x41, max(start, span.end_ns)))
+    cached = _span_pairs.get
+    for key, value in span.attributes.items():  # most (key, value) pairs repeat: one look-up each
+        encoded = None if isinstance(value, list) else cached((key, value, type(value)))
+        parts.append(encoded or _span_attribute(key, value))
     for name, time_ns, attributes in span.events:  # Span.events = 11: Event{time 1, name 2, attributes 3}
         event = b"\x09" + _fixed64(time_ns) + _string(b"\x12", name) + _attributes(b"\x1a", attributes)
         parts.append(_delimited(b"\x5a", event))

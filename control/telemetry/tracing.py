@@ -24,7 +24,8 @@ tuples, encoded on the exporter's thread (`otlp_wire`): the SDK tracer would cos
 against a few us here (measured), and it cannot take a span id we derived. The root span must cover its
 children, whose ends only the ranks know: each rank publishes in its row this round's start and the
 previous round's end (`Row.span_start_ns`, `Row.previous_span_end_ns`), so the controller builds round
-r's root from the rows of rounds r and r+1.
+r's root from the rows of rounds r and r+1 (a lockstep group's tracer writes them after the round, for
+traced rounds only: `GroupRoundTracer`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
@@ -86,9 +88,52 @@ def _digest_state(kind: bytes, prefix: str, size: int) -> Any:
     return hashlib.blake2b(prefix.encode(), digest_size=size, person=kind)
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def run_seed(run_id: str) -> int:
+    """The 64-bit seed of a run's sampling keys."""
+    return _digest(b"pg.round.seed", run_id, 8)
+
+
+def sampling_key(seed: int, round_: int) -> int:
+    """The low 64 bits of round `round_`'s trace id: what `TraceIdRatioBased` tests (key < rate * 2^64).
+
+    SplitMix64 of the round: a bijective mix whose outputs are spread evenly, so any rate picks its share
+    of rounds, at a fraction of a hash's cost. Whether a rate may pick a round is its key against the
+    rates' bounds, computed for blocks of rounds at once (`timings`); the trace id's upper half, a hash,
+    only for the rounds traced.
+    """
+    value = (seed + round_ * _GOLDEN64) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+TIMING_BLOCK = 4096  # rounds whose timing a sampler computes at once (vectorized: ~0.03 us a round, not ~0.9)
+
+
+def timings(seed: int, first: int, count: int, ratio_bound: int, bound: int) -> bytes:
+    """`RoundSampler.timing` of rounds `first` .. `first + count - 1`: `sampling_key` of each (the same
+    SplitMix64, in numpy's wrapping 64-bit arithmetic) against the sample rate's and the larger rate's
+    bounds (TIMED below the first, CANDIDATE below the second, else UNTIMED)."""
+    with np.errstate(over="ignore"):
+        value = np.uint64(seed) + np.arange(first, first + count, dtype=np.uint64) * np.uint64(_GOLDEN64)
+        value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        value ^= value >> np.uint64(31)
+
+    def below(limit: int) -> Any:  # a bound is at most 2^64 (rate 1), one past uint64's range
+        return np.ones(count, dtype=bool) if limit > _MASK64 else value < np.uint64(limit)
+
+    return (below(ratio_bound).astype(np.uint8) + below(bound)).tobytes()
+
+
 def round_trace_id(run_id: str, round_: int) -> int:
-    """The trace id of round `round_` of run `run_id`, the same on every rank and the controller."""
-    return _digest(b"pg.round.trace", f"{run_id}/{round_}", 16)
+    """The trace id of round `round_` of run `run_id`, the same on every rank and the controller: a hash
+    of `(run id, round)` above the round's sampling key."""
+    return _digest(b"pg.round.trace", f"{run_id}/{round_}", 8) << 64 | sampling_key(run_seed(run_id), round_)
 
 
 def round_root_span_id(run_id: str, round_: int) -> int:
@@ -172,66 +217,109 @@ class RoundContext:
     reason: SampleReason
 
 
+# How a round's phases are timed, known before it runs from its sampling key (`RoundSampler.timing`).
+UNTIMED = 0  # no rate can pick it: only a rule (config, watermark) can, after it ran; its start is kept
+CANDIDATE = 1  # only the window rate can pick it, and only if its vote opens: timed from the decide phase on
+TIMED = 2  # the sample rate picks it: every phase timed
+
+
 class RoundSampler:
     """Decides round by round which rounds are traced; remembers the previous rows for the watermark rule.
 
-    Asked again for the round it just decided (the other ranks of a lockstep group), it answers from
-    memory, so a group in one process decides once per round. With `publish`, it also logs its decisions
-    for the run; a sampler without it (the controller's) takes a logged decision when the ranks run in
-    its own process (the simulator), instead of deciding the same round again.
+    One sampler serves every rank of a process (a lockstep group decides each round once; rank
+    processes, each its own). Deciding round r also tells how round r + 1's phases are timed
+    (`next_timing`, from its trace id, known before it runs). With `publish` (the ranks'), it also logs
+    its decisions when the run's controller is in the same process (an in-process simulator): the
+    controller's sampler then takes a logged decision instead of deciding the same round again.
     """
+
+    # Slots: asked once per round between ~300 us of simulator work, it should touch little memory.
+    __slots__ = (
+        "_bound",
+        "_hot",
+        "_log",
+        "_publish",
+        "_ratio_bound",
+        "_seed",
+        "_timings",
+        "_timings_first",
+        "_trace_key",
+        "context",
+        "next_timing",
+        "ratio",
+        "round",
+        "run_id",
+        "window",
+    )
 
     def __init__(self, run_id: str, sample_rate: float, window_rate: float, *, publish: bool = False) -> None:
         self.run_id = run_id
         self.ratio = TraceIdRatioBased(sample_rate)
         self.window = TraceIdRatioBased(window_rate)
         self._publish = publish
-        self._log = _decision_logs.setdefault(run_id, {})
-        self._round = -1
+        # The controller's sampler subscribes to the run's decisions; ranks publish there only then (a
+        # simulator in a process of its own has no reader).
+        self._log = _decision_logs.setdefault(run_id, {}) if not publish else None
+        self.round = -1  # the round decided last
+        self.context: RoundContext | None = None  # its decision
         self._hot: int | None = 0
-        self._context: RoundContext | None = None
         self._bound = max(self.ratio.bound, self.window.bound)
-        self._timed_round = -1
-        self._timed_id = 0
-        self._timed = False
-        self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 16)
+        self._ratio_bound = self.ratio.bound
+        self._seed = run_seed(run_id)
+        self._trace_key = _digest_state(b"pg.round.trace", f"{run_id}/", 8)
+        self._timings = b""  # `timings` of a block of rounds from `_timings_first`
+        self._timings_first = 0
+        self.next_timing = self.timing(0)  # how the round after `round` is timed
 
     def _trace_id(self, round_: int) -> int:
         """`round_trace_id(self.run_id, round_)`, hashing the run id once."""
         state = self._trace_key.copy()
         state.update(str(round_).encode())
-        return int.from_bytes(state.digest(), "big") or 1
+        return (int.from_bytes(state.digest(), "big") or 1) << 64 | sampling_key(self._seed, round_)
 
-    def timed(self, round_: int) -> bool:
-        """Whether a rate may pick round `round_` (its trace id falls under the larger rate), known before
-        it runs: such rounds get their phases timed. Asked before each round, answered once per process."""
-        if round_ != self._timed_round:
-            self._timed_id = self._trace_id(round_)
-            self._timed_round = round_
-            self._timed = self._timed_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
-        return self._timed
+    def timing(self, round_: int) -> int:
+        """How round `round_`'s phases are timed (UNTIMED, CANDIDATE, TIMED), known before it runs: a round
+        the sample rate picks is timed whole; one only the window rate may pick, from its vote on (most
+        such votes do not open, and the round is then not traced)."""
+        index = round_ - self._timings_first
+        if not 0 <= index < len(self._timings):
+            self._timings_first, index = round_, 0
+            self._timings = timings(self._seed, round_, TIMING_BLOCK, self._ratio_bound, self._bound)
+        return self._timings[index]
 
     def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
-        """The round's context when it is traced, else None."""
-        if round_ == self._round:
-            return self._context
-        if not self._publish:
+        """The round's context when it is traced, else None.
+
+        Asked every round, so the common answer (no rule applies) costs a look-up of the round's timing
+        (a rate can pick only a timed round) and one pass over the rows; the rules are spelled out
+        (`sample_reason`) only for the rounds some rule may pick.
+        """
+        if round_ == self.round:
+            return self.context
+        if self._log is not None:
             logged = self._log.get(round_, _UNDECIDED)  # one lookup: the deciding thread may trim the log
             if logged is not _UNDECIDED:
-                self._round, self._hot, self._context = round_, None, logged
+                self.round, self._hot, self.context = round_, None, logged
+                self.next_timing = self.timing(round_ + 1)
                 return logged
-        if round_ == 0:
-            previous: int | None = 0
+        if self.round == round_ - 1:  # the previous round was decided here (round 0: none was)
+            previous, timing = self._hot, self.next_timing
         else:
-            previous = self._hot if self._round == round_ - 1 else None
+            previous, timing = None, self.timing(round_)
         hot = hot_ranks(rows)
-        trace_id = self._timed_id if round_ == self._timed_round else self._trace_id(round_)
-        reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
-        context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason) if reason else None
-        self._round, self._hot, self._context = round_, hot, context
+        context = None
+        if adopted_epoch or timing or (hot and crossed_watermark(hot, previous)):
+            trace_id = self._trace_id(round_)
+            reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
+            if reason is not None:
+                context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason)
+        self.round, self._hot, self.context = round_, hot, context
+        self.next_timing = self.timing(round_ + 1)
         if self._publish:
-            self._log[round_] = context
-            self._log.pop(round_ - DECISION_MEMORY, None)
+            log = _decision_logs.get(self.run_id)
+            if log is not None:
+                log[round_] = context
+                log.pop(round_ - DECISION_MEMORY, None)
         return context
 
 
@@ -256,20 +344,65 @@ def new_span_id() -> int:
 
 
 class RoundMarks(MarkTimer):
-    """MarkTimer without the per-phase totals: 1 us instead of 4 us a round (the sim's rank-round is ~30 us)."""
+    """MarkTimer without the per-phase totals (1 us instead of 4 us a round; the sim's rank-round is
+    ~30 us): the timer of the rounds the sample rate picks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
 
     def start(self) -> None:
-        self.rounds += 1
-        self.marks = [("start", _now())]
+        self.started = started = _now()
+        self.marks = [("start", started)]
 
     def lap(self, phase: str) -> None:
         self.marks.append((phase, _now()))
 
 
+class CandidateMarks(PhaseTimer):
+    """The timer of a round only the window rate may pick (`CANDIDATE`): its start, then, once the rank's
+    vote is known at the "decide" lap, every phase if the vote opened a window and none if not (then no
+    rule but config or watermark can trace the round, and its span has no phases). At the defaults such
+    rounds are 4% of all and a quarter of their votes open: the other three quarters cost a clock read."""
+
+    def __init__(self, engine: RankEngine) -> None:
+        super().__init__()
+        self.engine = engine
+        self.started = 0
+        self.live: bool | None = None  # None: the vote is not known yet; then whether it opened
+        self.marks: list[tuple[str, int]] = []
+
+    def start(self) -> None:
+        self.started = _now()
+        self.live = None
+
+    def lap(self, phase: str) -> None:
+        live = self.live
+        if live:
+            self.marks.append((phase, _now()))
+        elif live is None and phase == "decide":
+            decision = self.engine.decision
+            self.live = decision.allow_prefill and decision.point != GatePoint.NONE
+            if self.live:
+                self.marks = [("start", self.started), (phase, _now())]
+
+
+class ProfiledMarks(MarkTimer):
+    """MarkTimer with `started`: phase profiling's timer, every round timed, when tracing is on too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    def start(self) -> None:
+        super().start()
+        self.started = self.marks[0][1]
+
+
 class StartMark(PhaseTimer):
-    """Only the round's start, in an attribute: the timer of rounds no rate can pick. A round has eight
+    """Only the round's start: the timer of rounds no rate can pick (most of them). A round has eight
     phases, and a clock read plus a list entry each cost the in-process simulator ~8% of its round
-    rate on a loaded 2-core machine (measured); the end is read once the round is done."""
+    rate (measured). The start stays: a round picked after it ran (config, watermark) needs it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -285,9 +418,31 @@ class StartMark(PhaseTimer):
 class RankRoundTracer:
     """The `RoundObserver` of one rank: a `gate.round` span tree for each traced round, built after it.
 
-    Its row fields (`fill_row`): the spans it could not deliver so far, this round's start and the
-    previous round's end (the controller's root of a round covers every rank's span with them).
+    In a rank process, a round nobody traces costs the rank one clock read (its start) and two short
+    calls: the decision is made once per round (`RoundSampler`), the phases are timed only in the rounds
+    a rate may pick (`RoundSampler.timing`), and nothing is built or allocated. Its row fields
+    (`fill_row`): the spans it could not deliver so far, this round's start and, when the previous round
+    was traced, its end (the controller's root of a round covers every rank's span with them). The ranks
+    of a lockstep group are observed by one `GroupRoundTracer` instead (`group_observer`).
     """
+
+    __slots__ = (
+        "_candidate",
+        "_phases",
+        "_previous_end",
+        "_profiling",
+        "_reported",
+        "_start_only",
+        "_timer",
+        "_timing",
+        "close_timeout_s",
+        "counter",
+        "producer",
+        "rank",
+        "run_id",
+        "sampler",
+        "shipper",
+    )
 
     def __init__(
         self,
@@ -305,57 +460,88 @@ class RankRoundTracer:
         self.producer: Producer = producer(resource, SCOPE_NAME, VERSION)
         self.counter = DropCounter()
         self.close_timeout_s = close_timeout_s
-        self._previous_end = 0
+        self._previous_end = 0  # the end of the previous round when it was traced, else 0
         self._reported = False
-        # Phase profiling keeps its totals (MarkTimer is a PhaseTimer, every round timed); otherwise the
-        # lean marks time the rounds a rate may pick, and the others only start and end.
+        # Phase profiling keeps its totals (every round timed); otherwise the lean marks time the
+        # rounds the sample rate picks, the candidate marks those the window rate may, the others only start.
         self._profiling = not isinstance(engine.timer, NullTimer)
-        self._phases: MarkTimer = RoundMarks() if not self._profiling else MarkTimer()
+        self._phases: RoundMarks | ProfiledMarks = ProfiledMarks() if self._profiling else RoundMarks()
+        self._candidate = CandidateMarks(engine)
         self._start_only = StartMark()
-        self._timer: MarkTimer | StartMark = self._phases
-        self._arm(engine, engine.round)
+        self._timer: PhaseTimer = self._start_only
+        self._timing = -1
+        self._arm(engine, sampler.timing(engine.round))
 
-    def _arm(self, engine: RankEngine, round_: int) -> None:
-        """Choose the timer of round `round_` before it starts."""
-        timed = self._profiling or self.sampler.timed(round_)
-        self._timer = engine.timer = self._phases if timed else self._start_only
+    def _arm(self, engine: RankEngine, timing: int) -> None:
+        """Choose the timer of the next round before it starts."""
+        self._timing = timing
+        if self._profiling or timing == TIMED:
+            self._timer = engine.timer = self._phases
+        elif timing == CANDIDATE:
+            self._timer = engine.timer = self._candidate
+        else:
+            self._timer = engine.timer = self._start_only
 
     @property
     def dropped(self) -> int:
         """Spans of this rank not confirmed delivered (published in the row as `spans_dropped`)."""
         return self.counter.total
 
+    @property
+    def timer(self) -> PhaseTimer:
+        """The timer armed for the rank's next round (what `engine.timer` is while this observes it)."""
+        return self._timer
+
+    def group_observer(self, engines: Sequence[RankEngine]) -> GroupRoundTracer | None:
+        """The observer of a lockstep group whose ranks this tracer's kind observes with one sampler (what
+        `LockstepDriver` calls once per round instead of each rank's hooks); None if some rank's is not."""
+        tracers = [engine.observer for engine in engines]
+        if all(isinstance(t, RankRoundTracer) and t.sampler is self.sampler for t in tracers):
+            return GroupRoundTracer(engines, tracers)  # type: ignore[arg-type]
+        return None
+
     def fill_row(self, row: Row) -> None:
         """Publish the drop count and the span bounds the controller's root needs."""
-        row.spans_dropped = self.counter.total
-        timer = self._timer
-        if timer is self._start_only:
-            row.span_start_ns = self._start_only.started
-        else:
-            row.span_start_ns = self._phases.marks[0][1] if self._phases.marks else 0
+        row.span_start_ns = self._timer.started  # type: ignore[attr-defined]
+        counter = self.counter  # `counter.total`, without a property call on every rank-round
+        row.spans_dropped = counter.refused + counter.failed + counter.unconfirmed
         row.previous_span_end_ns = self._previous_end
 
     def round_done(self, engine: RankEngine, outcome: RoundOutcome) -> None:
         """Trace the round if it is sampled. Never flushes: a flush here would stretch the round (and, in a
         lockstep group, show up as the next ranks' all-gather); the process flushes when it ends."""
+        sampler = self.sampler
         try:
-            timed = self._timer is self._phases
-            if timed:
-                marks = self._phases.marks
-                self._previous_end = marks[-1][1]
-            else:
-                self._previous_end = _now()
-            context = self.sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
-            if context is not None:
-                if not timed:
-                    marks = [("start", self._start_only.started), ("commit", self._previous_end)]
-                self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
-            self._arm(engine, outcome.round + 1)
+            if outcome.round != sampler.round:
+                sampler.decide(outcome.round, outcome.rows, outcome.adopted_epoch)
+            if sampler.context is not None:
+                self._previous_end = self._offer(sampler.context, outcome, self._marks(_now()))
+            elif self._previous_end:
+                self._previous_end = 0
+            if sampler.next_timing != self._timing:
+                self._arm(engine, sampler.next_timing)
         except Exception:  # a tracing bug must never stop a rank: count the round's spans as lost
-            self.counter.failed += 4
-            if not self._reported:
-                self._reported = True
-                _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
+            self._failed()
+            self._previous_end = 0
+
+    def _failed(self) -> None:
+        self.counter.failed += 4
+        if not self._reported:
+            self._reported = True
+            _log.exception("rank %d: tracing a round failed; the rank continues untraced rounds", self.rank)
+
+    def _marks(self, end: int, start: int = 0) -> list[tuple[str, int]]:
+        """The traced round's phase marks when they were timed, else its start (the timer's, or `start`
+        when the timer kept none) and `end`."""
+        timer = self._timer
+        if timer is self._phases or (timer is self._candidate and self._candidate.live):
+            return timer.marks  # type: ignore[attr-defined]
+        return [("start", getattr(timer, "started", 0) or start), ("commit", end)]
+
+    def _offer(self, context: RoundContext, outcome: RoundOutcome, marks: list[tuple[str, int]]) -> int:
+        """Offer the round's span tree (with its phases when they were timed); returns the span's end."""
+        self.shipper.offer(self._spans(context, marks, outcome), self.producer, self.counter)
+        return marks[-1][1]
 
     def flush(self) -> bool:
         """Wait (bounded, as `close`) until every span offered was answered: then `dropped` is final."""
@@ -425,6 +611,86 @@ class RankRoundTracer:
             if child_start is not None and child_end is not None:
                 spans.append(SpanData(trace_id, new_span_id(), own, name, KIND_INTERNAL, child_start, child_end, extra))
         return spans
+
+
+class GroupRoundTracer:
+    """The `GroupObserver` of a lockstep group's ranks (`LockstepDriver`): their tracers, called once per
+    round for the whole group instead of twice per rank.
+
+    A round nobody traces costs the group one clock read (the group's start, which a round picked after
+    it ran takes as every untimed rank's start), the decision (`RoundSampler.decide`, once) and a few
+    calls: no rank's tracer is touched. The ranks' timers are switched only when the timing of the next
+    round differs (`RoundSampler.timing`). The rows' tracing fields are set after the gather, before
+    anyone reads them (the records leave the group after the round): this round's start of each rank
+    and the previous round's end only when that round is traced, the drop counts only once this
+    process lost some span.
+    """
+
+    __slots__ = ("_ends", "_null", "_profiling", "_reported", "_timing", "engines", "sampler", "started", "tracers")
+
+    def __init__(self, engines: Sequence[RankEngine], tracers: Sequence[RankRoundTracer]) -> None:
+        self.engines = list(engines)
+        self.tracers = list(tracers)
+        self.sampler = tracers[0].sampler
+        self.started = 0  # the group's start of the round (before its first rank begins)
+        self._profiling = any(tracer._profiling for tracer in tracers)
+        self._null = NullTimer()
+        self._timing = -1
+        self._ends: list[int] | None = None  # each rank's end of the previous round when it was traced
+        self._reported = False
+
+    def round_begins(self, round_: int) -> None:
+        """Take the group's start; arm the ranks' timers when this round is timed otherwise than the last."""
+        self.started = _now()
+        sampler = self.sampler
+        timing = sampler.next_timing if sampler.round == round_ - 1 else sampler.timing(round_)
+        if timing != self._timing:
+            self._arm(timing)
+
+    def _arm(self, timing: int) -> None:
+        self._timing = timing
+        for engine, tracer in zip(self.engines, self.tracers, strict=True):
+            if self._profiling or timing == TIMED:
+                timer: PhaseTimer = tracer._phases
+            elif timing == CANDIDATE:
+                timer = tracer._candidate
+            else:
+                timer = self._null  # the group's start stands for the rank's
+            tracer._timer = engine.timer = timer
+            tracer._timing = timing
+
+    def round_done(self, rows: tuple[Row, ...], outcomes: list[RoundOutcome]) -> None:
+        """Decide the round once; trace it on every rank when sampled; annotate the rows (see the class)."""
+        first = outcomes[0]
+        try:
+            context = self.sampler.decide(first.round, rows, first.adopted_epoch)
+            ends = self._ends
+            if ends is not None:
+                self._ends = None
+                for row, end in zip(rows, ends, strict=True):
+                    row.previous_span_end_ns = end
+            if context is not None:
+                end = _now()
+                self._ends = ends = []
+                for tracer, row, outcome in zip(self.tracers, rows, outcomes, strict=True):
+                    marks = tracer._marks(end, self.started)
+                    row.span_start_ns = marks[0][1]
+                    ends.append(tracer._offer(context, outcome, marks))
+            if self.tracers[0].shipper.totals.total:  # some span of this process was lost: publish each count
+                for row, tracer in zip(rows, self.tracers, strict=True):
+                    row.spans_dropped = tracer.counter.total
+        except Exception:  # a tracing bug must never stop the group: count the round's spans as lost
+            self._ends = None
+            for tracer in self.tracers:
+                tracer._failed()
+
+    def detach(self) -> None:
+        """The driver stopped observing the group: untimed ranks again, as before any tracer."""
+        if not self._profiling:
+            for engine, tracer in zip(self.engines, self.tracers, strict=True):
+                tracer._timer = tracer._start_only
+                tracer._timing = -1
+                engine.timer = NullTimer()
 
 
 def rank_resource(run_id: str, rank: int, size: int, service_name: str = DEFAULT_SERVICE) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from engine.config import PrefillDelay, ServerArgs
 from engine.group import LocalGroup
 from engine.rank import RankEngine, RoundOutcome
 from engine.request import Abort, Finished, ProposeConfig, Refused, RequestSpec, Stop, Submit, UpdateWeights
+from engine.rows import Row
 
 EngineFactory = Callable[[int, ServerArgs], RankEngine]
 
@@ -24,8 +25,30 @@ class Arrivals(Protocol):
     def on_finished(self, rid: str, now: float) -> None: ...
 
 
+class GroupObserver(Protocol):
+    """Sees every round of a lockstep group once, for all its ranks (tracing); must not block."""
+
+    def round_begins(self, round_: int) -> None:
+        """Before any rank begins round `round_`."""
+        ...
+
+    def round_done(self, rows: tuple[Row, ...], outcomes: list[RoundOutcome]) -> None:
+        """After every rank ended the round (its rows may still be annotated: nobody has read them yet)."""
+        ...
+
+    def detach(self) -> None:
+        """The ranks' observers changed: leave their engines as an observer-less group would have them."""
+        ...
+
+
 class LockstepDriver:
-    """Runs `args.dp_size` rank engines round by round: all begin, one gather, all end."""
+    """Runs `args.dp_size` rank engines round by round: all begin, one gather, all end.
+
+    When the ranks' round observers can observe the group as one (rank 0's offers `group_observer`, as
+    the tracer does), the driver calls that group observer twice a round instead of every rank calling
+    its own: a round nobody traces then costs the group a few calls, not a few per rank. The driver
+    notices observers attached, replaced or removed (rank 0's) before the next round.
+    """
 
     def __init__(self, args: ServerArgs, engine_factory: EngineFactory | None = None) -> None:
         self.args = args
@@ -33,13 +56,34 @@ class LockstepDriver:
         factory = engine_factory or (lambda rank, a: build_engine(rank, a))
         self.engines = [factory(rank, args) for rank in range(args.dp_size)]
         self.round = 0
+        self.observer: GroupObserver | None = None
+        self._observed: object = None  # rank 0's observer when `observer` was chosen
 
     def step(self) -> list[RoundOutcome]:
         """One round on every rank; outcomes in rank order."""
-        rows = self.group.gather_lockstep([engine.begin_round() for engine in self.engines])
-        outcomes = [engine.end_round(rows) for engine in self.engines]
+        engines = self.engines
+        if engines[0].observer is not self._observed:
+            self._observe()
+        observer = self.observer
+        if observer is not None:
+            observer.round_begins(engines[0].round)
+        rows = self.group.gather_lockstep([engine.begin_round() for engine in engines])
+        outcomes = [engine.end_round(rows) for engine in engines]
+        if observer is not None:
+            observer.round_done(rows, outcomes)
         self.round += 1
         return outcomes
+
+    def _observe(self) -> None:
+        """Choose how the ranks' (new) observers see the rounds: as one group when they can, else each."""
+        if self.observer is not None:
+            self.observer.detach()
+            self.observer = None
+        first = self._observed = self.engines[0].observer
+        make = getattr(first, "group_observer", None)
+        self.observer = make(self.engines) if make is not None else None
+        for engine in self.engines:
+            engine.group_observed = self.observer is not None
 
     def now(self) -> float:
         """The group's clock (every rank's clock agrees; rank 0's is read)."""
