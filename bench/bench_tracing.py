@@ -54,7 +54,9 @@ CONFIGS = (
 )
 # The paired section's configurations: also both rates 0, where nothing is traced (the decisions and the
 # hooks alone, what every round pays).
-PAIRED = (CONFIGS[1], ("rates 0", 0.0, 0.0), CONFIGS[2])
+# and the defaults before the telemetry issue's last change, side by side with today's.
+PREVIOUS_DEFAULT = ("previous default", 0.01, 0.05)
+PAIRED = (CONFIGS[1], PREVIOUS_DEFAULT, ("rates 0", 0.0, 0.0), CONFIGS[2])
 WARMUP_ROUNDS = 200
 Results = dict[str, list[dict]]
 BackendFactory = Callable[[ServerArgs, argparse.Namespace, str], Backend]
@@ -435,6 +437,8 @@ def report(
             label = name
             if name == "default":
                 label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
+            elif name == PREVIOUS_DEFAULT[0]:
+                label = f"previous default ({PREVIOUS_DEFAULT[1]:g}, windows {PREVIOUS_DEFAULT[2]:g})"
             elif name == "rates 0":
                 label = "both rates 0 (nothing traced: decisions and hooks)"
             lines.append(

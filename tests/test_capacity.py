@@ -8,6 +8,8 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,26 @@ def test_a_trace_row_is_a_window_replayed_faster():
     assert [s.prompt_len for _, s in issued] == [s.prompt_len for _, s in target.workload(1.0).due(slow.arrival_end)]
     in_window = sum(1 for _, s in issued if s.arrival >= fast.warmup_end)
     assert in_window == fast.max_requests and target.offered_rps(4.0) == pytest.approx(in_window / fast.window_s)
+
+
+def _azure_csv(path: Path, prompt_len: int) -> Path:
+    start = datetime(2023, 11, 16, 18, 0, 0)
+    rows = [f"{start + timedelta(seconds=t)},{prompt_len},50" for t in range(800)]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_full_run_keeps_the_quick_window_on_a_trace_too_heavy_to_replay(tmp_path):
+    # A probe simulates the replay at the speed the group holds (a few thousand prompt tokens/s), so a full
+    # window offering millions of prompt tokens would simulate an hour per probe: such a trace gets the quick
+    # window in a full run, and the row says so; a light trace keeps the full window.
+    light = target_of(trace_specs((str(_azure_csv(tmp_path / "light.csv", 1_000)),), 0, False)[0])
+    heavy_spec = trace_specs((str(_azure_csv(tmp_path / "heavy.csv", 30_000)),), 0, False)[0]
+    heavy, heavy_quick = target_of(heavy_spec), target_of(replace(heavy_spec, quick=True))
+    assert "trace seconds 600-710" in light.what and "quick window" not in light.what
+    assert light.plan(1.0).window_s == pytest.approx(90.0)
+    assert "trace seconds 600-640" in heavy.what and "offers 3.3M prompt tokens" in heavy.what
+    assert heavy.plan(1.0) == heavy_quick.plan(1.0)
 
 
 def test_a_malformed_trace_is_one_line_naming_the_line(tmp_path, capsys):

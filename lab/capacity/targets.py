@@ -8,12 +8,15 @@ early exit). Durations shrink with `--quick` (`QUICK_SCALE` of a scenario's; a s
 
 Traces: the window is `TRACE_WINDOW_S` of the trace's own clock after `TRACE_WARMUP_S` of warm-up, from
 `TRACE_START_S` (minute 10: past the trace's first minutes, whose requests were already queued when recording
-began), replayed `speed` times faster. A quick run measures `QUICK_TRACE_WINDOW_S`. The window is short (90 s:
-about 490 Azure and 300 Mooncake requests) because a probe simulates it at the speed it tries, and on the
-Mooncake trace every policy's capacity is a few hundredths of real time (its 12k-token prompts queue behind one
-another on a rank), so one probe of a 90 s window simulates about an hour; the full run must fit its budget of
-45 minutes on two cores. Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused
-on the rank that holds them, as SGLang's cache-aware router does).
+began), replayed `speed` times faster. A quick run measures `QUICK_TRACE_WINDOW_S` after `QUICK_TRACE_WARMUP_S`,
+and so does a full run on a trace whose full replay offers more than `TRACE_MAX_PROMPT_TOKENS`: a probe
+simulates the replay at the speed the group holds, which on the default preset is a few thousand prompt tokens
+per second whatever the trace, so the simulated time (and the probe's cost) grows with the replay's prompt
+tokens. Azure's 110 s offer ~0.7M (its full window stays); Mooncake's offer 4.6M (12k-token prompts, up to
+121k), so one probe of them simulates about an hour, and its row alone took 5,853 CPU seconds of an
+unfinished full run; its quick window offers 1.75M. The full run must fit its budget of 45 minutes on two
+cores. Requests are routed by the prefix-affinity router (Mooncake's prefix blocks are reused on the rank that
+holds them, as SGLang's cache-aware router does).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ TRACE_WINDOW_S = 90.0
 TRACE_WARMUP_S = 20.0
 QUICK_TRACE_WINDOW_S = 30.0
 QUICK_TRACE_WARMUP_S = 10.0
+# A full run's trace replay offering more prompt tokens than this uses the quick window (module docstring).
+TRACE_MAX_PROMPT_TOKENS = 2_000_000
 TRACE_ROUTER = "prefix-affinity"
 # ~40 GB of FP8 MLA KV at ~40 KB per token (the figure engine/executor/presets.py uses): 1M tokens per rank.
 TRACE_KV_TOKENS = 1 << 20
@@ -119,6 +124,11 @@ def target_of(spec: TargetSpec) -> Target:
             f" ({info.window_requests} requests measured after {info.warmup_s:g} s of warm-up, mean prompt "
             f"{info.mean_prompt:.0f} tokens, mean output {info.mean_output:.0f}), {TRACE_ROUTER} routing"
         )
+        if info.shortened_from_tokens is not None:
+            what += (
+                f"; the quick window, since the full one offers {info.shortened_from_tokens / 1e6:.1f}M prompt "
+                f"tokens (over {TRACE_MAX_PROMPT_TOKENS / 1e6:g}M: a probe would simulate about an hour)"
+            )
         args = ServerArgs(**{**BASE_ARGS, "seed": spec.seed, **info.overrides})
         rate = info.window_requests / info.window_s
         return Target(
@@ -201,6 +211,7 @@ class _TraceInfo:
     mean_prompt: float
     mean_output: float
     overrides: dict[str, int]
+    shortened_from_tokens: int | None = None  # a full run's window cut to the quick one: the full replay's tokens
 
 
 @cache
@@ -215,9 +226,14 @@ def _trace_info(spec: TargetSpec) -> _TraceInfo:
     """The trace window's requests, read once per process (trace seconds from the window's start)."""
     from workloads.traces import trace_window
 
-    warmup = QUICK_TRACE_WARMUP_S if spec.quick else TRACE_WARMUP_S
-    window = QUICK_TRACE_WINDOW_S if spec.quick else TRACE_WINDOW_S
-    requests = trace_window(_trace_data(spec.name), start=TRACE_START_S, duration=warmup + window)
+    data = _trace_data(spec.name)
+    warmup, window = TRACE_WARMUP_S, TRACE_WINDOW_S
+    requests = trace_window(data, start=TRACE_START_S, duration=warmup + window)
+    full_tokens = sum(r.prompt_len or 1 for r in requests)
+    shortened = not spec.quick and full_tokens > TRACE_MAX_PROMPT_TOKENS
+    if spec.quick or shortened:
+        warmup, window = QUICK_TRACE_WARMUP_S, QUICK_TRACE_WINDOW_S
+        requests = trace_window(data, start=TRACE_START_S, duration=warmup + window)
     measured = [r for r in requests if r.time >= warmup]
     if not measured:
         span = f"{TRACE_START_S + warmup:g}-{TRACE_START_S + warmup + window:g}"
@@ -234,4 +250,5 @@ def _trace_info(spec: TargetSpec) -> _TraceInfo:
         mean_prompt=sum(r.prompt_len or 1 for r in requests) / len(requests),
         mean_output=sum(r.output_len or 1 for r in requests) / len(requests),
         overrides={"kv_pages": pages},
+        shortened_from_tokens=full_tokens if shortened else None,
     )
