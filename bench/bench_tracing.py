@@ -43,6 +43,7 @@ from control.telemetry.trace_status import trace_status
 from control.telemetry.tracing import forget_run, new_span_id, rank_observer, rank_resource
 from engine.config import ServerArgs
 from engine.drivers.lockstep import LockstepDriver
+from engine.phases import NullTimer
 from workloads import ClosedLoop, Fixed, Workload
 
 RESULTS = Path(__file__).parent / "results" / "tracing.md"
@@ -57,6 +58,8 @@ CONFIGS = (
 # and the defaults before the telemetry issue's last change, side by side with today's.
 PREVIOUS_DEFAULT = ("previous default", 0.01, 0.05)
 PAIRED = (CONFIGS[1], PREVIOUS_DEFAULT, ("rates 0", 0.0, 0.0), CONFIGS[2])
+# The per-rank paired variant (each rank's own hooks, as in a rank process): at the defaults and both rates 0.
+PER_RANK = (CONFIGS[1], ("rates 0", 0.0, 0.0))
 WARMUP_ROUNDS = 200
 Results = dict[str, list[dict]]
 BackendFactory = Callable[[ServerArgs, argparse.Namespace, str], Backend]
@@ -213,20 +216,31 @@ def run_section(
     return results
 
 
-def paired_overhead(endpoint: str, ranks: int, rate: float, window: float, pairs: int, block: int) -> dict:
+def paired_overhead(
+    endpoint: str, ranks: int, rate: float, window: float, pairs: int, block: int, per_rank: bool = False
+) -> dict:
     """What tracing costs the simulator's own process, measured so that the machine's other tenants cancel
     out: one lockstep group (in this process, as `SimBackend` steps it), its rank observers attached and
     detached every `block` rounds, `pairs` times. The main thread's CPU time of each block (the ranks'
     hooks, spans built, phases timed) is compared with the untraced block next to it: neighbours see the
     same load, so the median of the pairs' differences is the hooks' cost. The exporter's thread and
     gRPC's work whenever spans are queued; all CPU time of this process outside the main thread is
-    charged to tracing, per traced-block round (an upper bound: nothing else runs here)."""
+    charged to tracing, per traced-block round (an upper bound: nothing else runs here).
+
+    `per_rank`: each rank's observer built as a rank process builds its own (`rank_observer` in a process
+    with no other rank's sampler: each rank its own `RoundSampler`), so the driver finds no group observer
+    and every rank calls its observer's two hooks itself, as `serve --processes` ranks do; the figures are
+    also given per rank-round."""
     args = bench_args(ranks)
-    run_id = f"bench-paired-{rate:g}-{window:g}"
+    run_id = f"bench-paired-{'rank-' if per_rank else ''}{rate:g}-{window:g}"
     driver = LockstepDriver(args)
     workload = workload_of(args)
     kwargs = {"endpoint": endpoint, "run_id": run_id, "sample_rate": rate, "window_sample_rate": window}
-    tracers = [rank_observer(engine, **kwargs) for engine in driver.engines]
+    tracers = []
+    for engine in driver.engines:
+        if per_rank:
+            forget_run(run_id)  # a rank process's own: no sampler of another rank to share
+        tracers.append(rank_observer(engine, **kwargs))
     latest = None
 
     def steps(count: int) -> float:
@@ -240,6 +254,8 @@ def paired_overhead(endpoint: str, ranks: int, rate: float, window: float, pairs
     def attach(on: bool) -> None:  # the driver takes the group's observer up (or down) at its next round
         for engine, tracer in zip(driver.engines, tracers, strict=True):
             engine.observer = tracer if on else None
+            if per_rank:  # no group observer to arm the timers (or leave them as an untraced rank's)
+                engine.timer = tracer.timer if on else NullTimer()
 
     attach(False)
     steps(WARMUP_ROUNDS)
@@ -248,6 +264,8 @@ def paired_overhead(endpoint: str, ranks: int, rate: float, window: float, pairs
     for _ in range(pairs):
         attach(True)
         traced = steps(block)
+        if (driver.observer is None) != per_rank:  # the path measured is the one named
+            raise RuntimeError(f"the driver {'used' if per_rank else 'did not use'} a group observer")
         attach(False)
         untraced = steps(block)
         differences.append(traced - untraced)
@@ -265,6 +283,11 @@ def paired_overhead(endpoint: str, ranks: int, rate: float, window: float, pairs
         "overhead": (hooks + exporter) / off,
         "spans": sum(tracer.counter.offered for tracer in tracers),
         "dropped": sum(tracer.dropped for tracer in tracers),
+        "ranks": ranks,
+        # Per rank-round: the group's figures over its ranks (every rank steps in this one main thread).
+        "rank_off_us": off / ranks * 1e6,
+        "rank_hooks_us": hooks / ranks * 1e6,
+        "rank_exporter_us": exporter / ranks * 1e6,
     }
 
 
@@ -365,8 +388,10 @@ def report(
     options: argparse.Namespace,
     command: str,
     loads: tuple[str, str] = ("?", "?"),
+    per_rank: dict[str, dict] | None = None,
 ) -> str:
-    """The markdown report (also printed); `loads`: the load average before and after the run."""
+    """The markdown report (also printed); `loads`: the load average before and after the run; `per_rank`:
+    the paired section's per-rank variant (`paired_overhead(per_rank=True)`), by configuration."""
     args = bench_args(options.ranks)
     backend = sim["off"][0]["backend"]
     where = "a child process of the controller's" if backend == "SimProcessBackend" else "the controller's process"
@@ -446,6 +471,8 @@ def report(
                 f"{result['exporter_us']:,.1f} us | {result['spans']:,} | {result['dropped']:,} | "
                 f"**{result['overhead']:+.1%}** |"
             )
+    if per_rank:
+        lines += per_rank_table(per_rank, procs, options)
     if capacity is not None:
         need = 2000 * options.ranks * 4 + 2000
         lines += [
@@ -459,6 +486,60 @@ def report(
             "process, and the simulator's own rounds need that process's interpreter too (one GIL).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def per_rank_table(per_rank: dict[str, dict], procs: Results | None, options: argparse.Namespace) -> list[str]:
+    """The paired section's per-rank variant: what one rank pays per round for tracing, as a rank process
+    does, over the round time of the rank processes measured in the same run."""
+    ranks = next(iter(per_rank.values()))["ranks"]
+    round_s = None
+    if procs is not None:
+        offs = [r["rate"] for r in procs["off"]]
+        round_s = 1 / statistics.median(offs)
+        round_text = f"{round_s * 1e6:,.0f} us"
+        span = f"off runs {min(offs):,.0f}-{max(offs):,.0f} rounds/s"
+    lines = [
+        "",
+        f"### Per rank, as in a rank process ({ranks} ranks, no group tracer)",
+        "",
+        f"The same pairing ({options.pairs} pairs of {options.block}-round blocks) on a lockstep group of "
+        f"{ranks} ranks whose observers are built as a rank process builds its own (`rank_observer` with no "
+        "other rank's sampler in the process: each rank its own `RoundSampler`, as `serve --processes` has "
+        "it), so the driver finds no group observer and every rank calls its own observer's two hooks "
+        "(`fill_row` before the gather, `round_done` after it), deciding the round itself; the bench checks "
+        "after every traced block that the driver used no group observer. Hooks: the median of the pairs' "
+        "main-thread CPU differences; exporter: this process's CPU outside the main thread per traced round "
+        "(here one shipper serves the ranks, a rank process has its own); both divided by the ranks, so per "
+        'rank-round. Not included: `run_round`\'s `lap("gather")`, a no-op on an untimed round, which the '
+        "lockstep driver does not call. Rank processes: tracing's share of a rank's round is that paired "
+        "per-rank cost over the rank-process round time the rank-process section measured in this run (its "
+        "off rate's median, 1 / rounds per second): a cost measured in one process over a round time "
+        "measured in another setting, not a measured slowdown of the rank processes.",
+        "",
+        "| tracing | untraced rank-round: CPU | hooks per rank-round | exporter per rank-round "
+        "| cost per rank-round | spans offered | spans dropped | rank-process round (off) "
+        "| rank processes: tracing's share of a rank's round |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, result in per_rank.items():
+        label = name
+        if name == "default":
+            label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
+        elif name == "rates 0":
+            label = "both rates 0 (nothing traced: decisions and hooks)"
+        cost_us = result["rank_hooks_us"] + result["rank_exporter_us"]
+        if round_s is None:
+            share = "n/a (no rank-process section)"
+            round_cell = "n/a"
+        else:
+            share = f"**{cost_us / (round_s * 1e6):+.2%}**"
+            round_cell = f"{round_text} ({span})"
+        lines.append(
+            f"| {label} | {result['rank_off_us']:,.2f} us | {result['rank_hooks_us']:,.2f} us | "
+            f"{result['rank_exporter_us']:,.2f} us | {cost_us:,.2f} us | {result['spans']:,} | "
+            f"{result['dropped']:,} | {round_cell} | {share} |"
+        )
+    return lines
 
 
 def load_average() -> str:
@@ -491,18 +572,26 @@ def main(argv: list[str] | None = None) -> None:
         if options.process_ranks:
             args = bench_args(options.process_ranks)
             procs = run_section(args, True, endpoint, options.repeats, options.seconds, counts, pid)
-        paired = {}
+        paired: dict[str, dict] = {}
+        per_rank: dict[str, dict] = {}
         if options.pairs:
             for name, rate, window in PAIRED:
                 assert rate is not None and window is not None
                 paired[name] = paired_overhead(endpoint, options.ranks, rate, window, options.pairs, options.block)
                 print(f"paired {name}: {paired[name]['overhead']:+.1%}", file=sys.stderr, flush=True)
+            for name, rate, window in PER_RANK:
+                assert rate is not None and window is not None
+                ranks = options.process_ranks or options.ranks  # the rank processes' group, where it ran
+                result = paired_overhead(endpoint, ranks, rate, window, options.pairs, options.block, per_rank=True)
+                per_rank[name] = result
+                cost = result["rank_hooks_us"] + result["rank_exporter_us"]
+                print(f"paired per rank {name}: {cost:.2f} us per rank-round", file=sys.stderr, flush=True)
         capacity = None if options.no_capacity else exporter_capacity(endpoint, options.seconds)
     finally:
         stop.set()
         receiver.join(10)
     command = " ".join([".venv/bin/python -m bench.bench_tracing", *(sys.argv[1:] if argv is None else argv)])
-    text = report(sim, procs, paired, capacity, options, command, (before, load_average()))
+    text = report(sim, procs, paired, capacity, options, command, (before, load_average()), per_rank)
     print(text)
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(text)
