@@ -20,9 +20,8 @@ The knobs and their upstream defaults (each module in `engine/policies/` cites i
 - gate-autotune: the launch config the tuner starts cold from, A=8 K=32 (the demo's), A=1 K=2 (the least
   held) or, in a full run, A=1 K=16, is the operator's knob; from there the tuner moves A and K itself to the
   SLO being searched (lab/autotune.py). A few starts, not the gate's grid: the tuner's own choice is what is
-  measured. In a probe
-  of 30-110 s it makes few changes (its dwell is 100 rounds), so the start it was given weighs on the
-  capacity; the report names the start that won.
+  measured. In a probe of 30-110 s it makes few changes (its dwell is 100 rounds), so the start it was given
+  weighs on the capacity; the report names the start that won.
 - ungated: no knobs of its own.
 - `mixed` (0/1), for ungated, gate and gate-autotune: the engine's `--enable-mixed-prefill-decode`. The peers
   run in the mode of the engine they restate (vLLM and TensorRT-LLM mixed, `engine.policies.registry`); the
