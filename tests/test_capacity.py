@@ -448,3 +448,16 @@ def test_a_policy_that_starves_decode_fails_on_the_gaps_still_open():
     assert verdict(overloaded, Slo(2.0, 0.5)) is False
     healthy = searcher.probe(knobs(mixed=0), 2.0, Slo(2.0, 0.5))
     assert healthy.itl_p99_s is not None and healthy.itl_p99_s < 0.5 and verdict(healthy, Slo(2.0, 0.5)) is True
+
+
+def test_the_preset_notes_name_the_mildest_and_steepest_by_the_figure_they_print():
+    # The report marks the mildest and the steepest preset; the figure printed beside the mark must be the one
+    # that ranks them (the registry's lone-prompt ratio), not another measure that ranks them differently.
+    from engine.executor.presets import preset_names
+    from lab.capacity.cli import preset_notes
+
+    notes = preset_notes(list(preset_names()))
+    ticks = {line.split("`")[1]: float(line.split("costs ")[1].split(" decode ticks")[0]) for line in notes}
+    (mildest,) = [line.split("`")[1] for line in notes if "(the mildest preset)" in line]
+    (steepest,) = [line.split("`")[1] for line in notes if "(the steepest preset)" in line]
+    assert ticks[mildest] == min(ticks.values()) and ticks[steepest] == max(ticks.values())

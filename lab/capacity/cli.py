@@ -174,14 +174,13 @@ def steepness(preset: CostPreset) -> float:
 
 
 def preset_notes(names: Sequence[str]) -> list[str]:
-    """One line per preset: its steepness, and which is the mildest and the steepest registered one."""
-    ranked = sorted(preset_names(), key=lambda name: steepness(preset_named(name)))
-    mildest = getattr(presets, "MILDEST_PRESET", ranked[0])
-    steepest = getattr(presets, "STEEPEST_PRESET", ranked[-1])
-    marks = {mildest: " (the mildest preset)", steepest: " (the steepest preset)"}
+    """One line per preset: how steep its extend penalty is, by the registry's measure (`lone_prompt_ratio`,
+    which names the mildest and the steepest preset) and under a decode load (`steepness`)."""
+    marks = {presets.MILDEST_PRESET: " (the mildest preset)", presets.STEEPEST_PRESET: " (the steepest preset)"}
     return [
-        f"- `{name}`: a lone 1k prompt on one rank makes the round {steepness(preset_named(name)):.1f}x an all-decode "
-        f"round{marks.get(name, '')}"
+        f"- `{name}`: a lone 1k prompt costs {presets.lone_prompt_ratio(preset_named(name)):.1f} decode ticks"
+        f"{marks.get(name, '')}; beside 64 decoding sequences per rank it makes the round "
+        f"{steepness(preset_named(name)):.1f}x an all-decode round"
         for name in names
         if name in preset_names()
     ]

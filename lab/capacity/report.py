@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.executor.presets import CostPreset
-from lab.autotune import AUTOTUNE, COLD_START
+from lab.autotune import AUTOTUNE
 from lab.capacity.knobs import describe, settings_of
 from lab.capacity.probe import DRAIN_S, Probe, Slo, backlogged
 from lab.capacity.runner import Result
@@ -368,6 +368,12 @@ def method_lines(slo: Slo, quick: bool) -> list[str]:
     ]
 
 
+def _starts(quick: bool) -> str:
+    """gate-autotune's launch configs in this mode: `A=8 K=32, A=1 K=2 or A=1 K=16`."""
+    starts = list(dict.fromkeys(f"A={dict(s)['A']:g} K={dict(s)['K']:g}" for s in settings_of(AUTOTUNE, quick)))
+    return starts[0] if len(starts) == 1 else f"{', '.join(starts[:-1])} or {starts[-1]}"
+
+
 def render(
     results: Sequence[Result],
     preset: CostPreset,
@@ -418,9 +424,9 @@ def render(
     tuned = autotune_lines(results, policies)
     if tuned:
         lines += [
-            f"{AUTOTUNE} (the gate launched at A={COLD_START.attempt_interval} K={COLD_START.any_interval} or A=1 "
-            "K=2, the start that won named in the table, and moved live by the tuner toward this SLO; "
-            "docs/autotune.md) against the gate at its best static (A, K) and against the best peer:",
+            f"{AUTOTUNE} (the gate launched at {_starts(quick)}, the start that won named in the table, and moved "
+            "live by the tuner toward this SLO; docs/autotune.md) against the gate at its best static (A, K) and "
+            "against the best peer:",
             "",
             *tuned,
             "",
