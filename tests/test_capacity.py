@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import ServerArgs
-from engine.executor.presets import RankWork, preset_named
+from engine.executor.presets import RankWork, preset_named, preset_names
 from lab.capacity import Lattice, Plan, Slo, Target, TargetSpec, bisect_capacity, find_capacity, knobs, verdict
-from lab.capacity.cli import add_capacity_arguments, capacity_main
+from lab.capacity.cli import add_capacity_arguments, capacity_main, preset_notes
 from lab.capacity.knobs import SPACES, configure, describe, settings_of, space_of
 from lab.capacity.probe import Probe, backlogged, idle_prefill_seconds, run_probe
 from lab.capacity.report import capacity_table, records, render
@@ -453,9 +453,6 @@ def test_a_policy_that_starves_decode_fails_on_the_gaps_still_open():
 def test_the_preset_notes_name_the_mildest_and_steepest_by_the_figure_they_print():
     # The report marks the mildest and the steepest preset; the figure printed beside the mark must be the one
     # that ranks them (the registry's lone-prompt ratio), not another measure that ranks them differently.
-    from engine.executor.presets import preset_names
-    from lab.capacity.cli import preset_notes
-
     notes = preset_notes(list(preset_names()))
     ticks = {line.split("`")[1]: float(line.split("costs ")[1].split(" decode ticks")[0]) for line in notes}
     (mildest,) = [line.split("`")[1] for line in notes if "(the mildest preset)" in line]
