@@ -43,7 +43,6 @@ from control.telemetry.trace_status import trace_status
 from control.telemetry.tracing import forget_run, new_span_id, rank_observer, rank_resource
 from engine.config import ServerArgs
 from engine.drivers.lockstep import LockstepDriver
-from engine.phases import NullTimer
 from workloads import ClosedLoop, Fixed, Workload
 
 RESULTS = Path(__file__).parent / "results" / "tracing.md"
@@ -219,13 +218,22 @@ def run_section(
 def paired_overhead(
     endpoint: str, ranks: int, rate: float, window: float, pairs: int, block: int, per_rank: bool = False
 ) -> dict:
-    """What tracing costs the simulator's own process, measured so that the machine's other tenants cancel
-    out: one lockstep group (in this process, as `SimBackend` steps it), its rank observers attached and
-    detached every `block` rounds, `pairs` times. The main thread's CPU time of each block (the ranks'
-    hooks, spans built, phases timed) is compared with the untraced block next to it: neighbours see the
-    same load, so the median of the pairs' differences is the hooks' cost. The exporter's thread and
+    """What tracing costs the simulator's own process, measured so that both the machine's other tenants
+    and the workload's own variation cancel out: two identical lockstep groups (in this process, as
+    `SimBackend` steps them; same arguments, same seeded workload, so the same rounds: the simulator is
+    deterministic and tracing only observes), one with its ranks' observers attached, one without, step
+    the same `block` rounds one after the other, `pairs` times (which goes first alternates). The main
+    thread's CPU time of the traced group's block (the ranks' hooks, spans built, phases timed) less the
+    untraced group's for the same rounds is the hooks' cost in that block. The exporter's thread and
     gRPC's work whenever spans are queued; all CPU time of this process outside the main thread is
-    charged to tracing, per traced-block round (an upper bound: nothing else runs here).
+    charged to tracing, per traced round (an upper bound: nothing else runs here).
+
+    The cost per round is the mean of the blocks' differences, not their median: at the default rates a
+    round is traced about once in 170, so most 100-round blocks hold no traced round and some hold one
+    or two, and the median of such a skewed mixture is a block with no traced round (or one), not the
+    cost per round. The median is kept beside it (`hooks_median_us`). (Before: one group, attached and
+    detached every block, its traced blocks against the next untraced block: different rounds, whose
+    own CPU time varies by ~15% from block to block, which drowned a few-us cost in noise.)
 
     `per_rank`: each rank's observer built as a rank process builds its own (`rank_observer` in a process
     with no other rank's sampler: each rank its own `RoundSampler`), so the driver finds no group observer
@@ -233,52 +241,55 @@ def paired_overhead(
     also given per rank-round."""
     args = bench_args(ranks)
     run_id = f"bench-paired-{'rank-' if per_rank else ''}{rate:g}-{window:g}"
-    driver = LockstepDriver(args)
-    workload = workload_of(args)
+    traced_group, untraced_group = LockstepDriver(args), LockstepDriver(args)
     kwargs = {"endpoint": endpoint, "run_id": run_id, "sample_rate": rate, "window_sample_rate": window}
     tracers = []
-    for engine in driver.engines:
+    for engine in traced_group.engines:
         if per_rank:
             forget_run(run_id)  # a rank process's own: no sampler of another rank to share
         tracers.append(rank_observer(engine, **kwargs))
-    latest = None
+        engine.observer = tracers[-1]
+        if per_rank:  # no group observer to arm the timers
+            engine.timer = tracers[-1].timer
+    groups = {traced_group: [workload_of(args), None], untraced_group: [workload_of(args), None]}
 
-    def steps(count: int) -> float:
-        nonlocal latest
+    def steps(driver: LockstepDriver, count: int) -> float:
+        workload, latest = groups[driver]
         started = time.thread_time()
         for _ in range(count):
             outcomes, _ = driver.step_with(workload, loads_of(latest, ranks))
             latest = outcomes[0].record or latest
+        groups[driver][1] = latest
         return time.thread_time() - started
 
-    def attach(on: bool) -> None:  # the driver takes the group's observer up (or down) at its next round
-        for engine, tracer in zip(driver.engines, tracers, strict=True):
-            engine.observer = tracer if on else None
-            if per_rank:  # no group observer to arm the timers (or leave them as an untraced rank's)
-                engine.timer = tracer.timer if on else NullTimer()
-
-    attach(False)
-    steps(WARMUP_ROUNDS)
-    differences, off_blocks = [], []
+    for driver in groups:
+        steps(driver, WARMUP_ROUNDS)
+    differences, off_blocks, traced_rounds = [], [], 0
     main, process = time.thread_time(), time.process_time()
-    for _ in range(pairs):
-        attach(True)
-        traced = steps(block)
-        if (driver.observer is None) != per_rank:  # the path measured is the one named
-            raise RuntimeError(f"the driver {'used' if per_rank else 'did not use'} a group observer")
-        attach(False)
-        untraced = steps(block)
+    for pair in range(pairs):
+        if pair % 2:
+            untraced = steps(untraced_group, block)
+            traced = steps(traced_group, block)
+        else:
+            traced = steps(traced_group, block)
+            untraced = steps(untraced_group, block)
         differences.append(traced - untraced)
         off_blocks.append(untraced)
+        traced_rounds += block
+    if (traced_group.observer is None) != per_rank:  # the path measured is the one named
+        raise RuntimeError(f"the driver {'used' if per_rank else 'did not use'} a group observer")
     tracers[0].flush()  # the exporter's work for the traced blocks is done, and counted below
     others = (time.process_time() - process) - (time.thread_time() - main)  # every thread but this one
     forget_run(run_id)
     off = statistics.median(off_blocks) / block
-    hooks = statistics.median(differences) / block
-    exporter = others / (pairs * block)
+    hooks = statistics.fmean(differences) / block
+    exporter = others / traced_rounds
     return {
         "off_us": off * 1e6,
         "hooks_us": hooks * 1e6,
+        "hooks_median_us": statistics.median(differences) / block * 1e6,
+        # The mean's standard error: how far the hooks' figure may be off by chance.
+        "hooks_se_us": statistics.stdev(differences) / len(differences) ** 0.5 / block * 1e6,
         "exporter_us": exporter * 1e6,
         "overhead": (hooks + exporter) / off,
         "spans": sum(tracer.counter.offered for tracer in tracers),
@@ -446,17 +457,23 @@ def report(
             "",
             f"## Paired: the simulator's own process, traced and untraced blocks side by side ({options.ranks} ranks)",
             "",
-            f"One lockstep group stepped in the bench's process, its rank observers attached and detached every "
-            f"{options.block} rounds, {options.pairs} pairs per configuration, after {WARMUP_ROUNDS} rounds of "
-            "warm-up. Neighbouring blocks see the same load from the machine's other tenants, so the median "
-            "of the pairs' differences in the main thread's CPU time is what the ranks' hooks cost (decisions, "
-            "clock reads, phase marks, spans built); every CPU second of the process outside the main thread "
-            "(the exporter's thread encoding and sending, gRPC's threads) is added, per traced round, as "
-            "tracing's too. The figure the Build bounds (3%) is the last column.",
+            "Two identical lockstep groups stepped in the bench's process (same arguments and seeded workload, "
+            "so the same rounds: the simulator is deterministic and tracing only observes), one with its rank "
+            f"observers attached, one without, each stepping the same {options.block} rounds one after the "
+            f"other (which goes first alternates), {options.pairs} pairs per configuration, after "
+            f"{WARMUP_ROUNDS} rounds of warm-up. The two blocks of a pair run the same rounds under the same "
+            "load from the machine's other tenants, so their difference in the main thread's CPU time is what "
+            "the ranks' hooks cost in that block (decisions, clock reads, phase marks, spans built). Hooks per "
+            "round: the **mean** of the pairs' differences (± its standard error); the median is shown beside "
+            "it but is not the cost: at the default rates most blocks hold no traced round and a few hold one "
+            "or two, and the median of that skewed mixture is a block without (or with one) traced round. "
+            "Every CPU second of the process outside the main thread (the exporter's thread encoding and "
+            "sending, gRPC's threads) is added, per traced round, as tracing's too. The figure the Build "
+            "bounds (3%) is the last column.",
             "",
-            "| tracing | untraced round: CPU | hooks per round | exporter per round | spans offered | spans dropped "
-            "| cost of tracing |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| tracing | untraced round: CPU | hooks per round (mean ± se) | hooks: median of blocks "
+            "| exporter per round | spans offered | spans dropped | cost of tracing |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, result in paired.items():
             label = name
@@ -467,8 +484,9 @@ def report(
             elif name == "rates 0":
                 label = "both rates 0 (nothing traced: decisions and hooks)"
             lines.append(
-                f"| {label} | {result['off_us']:,.1f} us | {result['hooks_us']:,.1f} us | "
-                f"{result['exporter_us']:,.1f} us | {result['spans']:,} | {result['dropped']:,} | "
+                f"| {label} | {result['off_us']:,.1f} us | {result['hooks_us']:,.1f} ± {result['hooks_se_us']:,.1f} "
+                f"us | {result['hooks_median_us']:,.1f} us | {result['exporter_us']:,.1f} us | {result['spans']:,} | "
+                f"{result['dropped']:,} | "
                 f"**{result['overhead']:+.1%}** |"
             )
     if per_rank:
@@ -502,12 +520,12 @@ def per_rank_table(per_rank: dict[str, dict], procs: Results | None, options: ar
         "",
         f"### Per rank, as in a rank process ({ranks} ranks, no group tracer)",
         "",
-        f"The same pairing ({options.pairs} pairs of {options.block}-round blocks) on a lockstep group of "
+        f"The same pairing ({options.pairs} pairs of {options.block}-round blocks) on twin lockstep groups of "
         f"{ranks} ranks whose observers are built as a rank process builds its own (`rank_observer` with no "
         "other rank's sampler in the process: each rank its own `RoundSampler`, as `serve --processes` has "
         "it), so the driver finds no group observer and every rank calls its own observer's two hooks "
         "(`fill_row` before the gather, `round_done` after it), deciding the round itself; the bench checks "
-        "after every traced block that the driver used no group observer. Hooks: the median of the pairs' "
+        "that the traced group's driver used no group observer. Hooks: the mean of the pairs' "
         "main-thread CPU differences; exporter: this process's CPU outside the main thread per traced round "
         "(here one shipper serves the ranks, a rank process has its own); both divided by the ranks, so per "
         'rank-round. Not included: `run_round`\'s `lap("gather")`, a no-op on an untimed round, which the '
