@@ -370,10 +370,7 @@ def table(results: Results, engine: str) -> list[str]:
     for name, _, _ in CONFIGS:
         runs = results[name]
         rate = statistics.median(r["rate"] for r in runs)
-        label = name
-        if name == "default":
-            label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
-        line = f"| {label} | {rate:,.0f} | {rate / off:.3f} |"
+        line = f"| {config_label(name)} | {rate:,.0f} | {rate / off:.3f} |"
         for key in ("engine_cpu_rate", "cpu_rate"):
             per_round = 1e6 / statistics.median(r[key] for r in runs)
             per_round_off = 1e6 / statistics.median(r[key] for r in results["off"])
@@ -476,17 +473,10 @@ def report(
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for name, result in paired.items():
-            label = name
-            if name == "default":
-                label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
-            elif name == PREVIOUS_DEFAULT[0]:
-                label = f"previous default ({PREVIOUS_DEFAULT[1]:g}, windows {PREVIOUS_DEFAULT[2]:g})"
-            elif name == "rates 0":
-                label = "both rates 0 (nothing traced: decisions and hooks)"
             lines.append(
-                f"| {label} | {result['off_us']:,.1f} us | {result['hooks_us']:,.1f} ± {result['hooks_se_us']:,.1f} "
-                f"us | {result['hooks_median_us']:,.1f} us | {result['exporter_us']:,.1f} us | {result['spans']:,} | "
-                f"{result['dropped']:,} | "
+                f"| {config_label(name)} | {result['off_us']:,.1f} us | {result['hooks_us']:,.1f} "
+                f"± {result['hooks_se_us']:,.1f} us | {result['hooks_median_us']:,.1f} us | "
+                f"{result['exporter_us']:,.1f} us | {result['spans']:,} | {result['dropped']:,} | "
                 f"**{result['overhead']:+.1%}** |"
             )
     if per_rank:
@@ -504,6 +494,17 @@ def report(
             "process, and the simulator's own rounds need that process's interpreter too (one GIL).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def config_label(name: str) -> str:
+    """A configuration's row label: its rates spelled out."""
+    if name == "default":
+        return f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
+    if name == PREVIOUS_DEFAULT[0]:
+        return f"previous default ({PREVIOUS_DEFAULT[1]:g}, windows {PREVIOUS_DEFAULT[2]:g})"
+    if name == "rates 0":
+        return "both rates 0 (nothing traced: decisions and hooks)"
+    return name
 
 
 def per_rank_table(per_rank: dict[str, dict], procs: Results | None, options: argparse.Namespace) -> list[str]:
@@ -540,11 +541,6 @@ def per_rank_table(per_rank: dict[str, dict], procs: Results | None, options: ar
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, result in per_rank.items():
-        label = name
-        if name == "default":
-            label = f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
-        elif name == "rates 0":
-            label = "both rates 0 (nothing traced: decisions and hooks)"
         cost_us = result["rank_hooks_us"] + result["rank_exporter_us"]
         if round_s is None:
             share = "n/a (no rank-process section)"
@@ -553,7 +549,7 @@ def per_rank_table(per_rank: dict[str, dict], procs: Results | None, options: ar
             share = f"**{cost_us / (round_s * 1e6):+.2%}**"
             round_cell = f"{round_text} ({span})"
         lines.append(
-            f"| {label} | {result['rank_off_us']:,.2f} us | {result['rank_hooks_us']:,.2f} us | "
+            f"| {config_label(name)} | {result['rank_off_us']:,.2f} us | {result['rank_hooks_us']:,.2f} us | "
             f"{result['rank_exporter_us']:,.2f} us | {cost_us:,.2f} us | {result['spans']:,} | "
             f"{result['dropped']:,} | {round_cell} | {share} |"
         )
