@@ -14,7 +14,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from control.host.backends import ProcessBackend, SimBackend
 from control.host.controller import Controller
-from control.host.serve import run_serve
+from control.host.serve import build_backend, run_serve
 from control.telemetry.otlp_wire import KIND_INTERNAL, SpanData, producer
 from control.telemetry.telemetry_cli import (
     ENDPOINT_ENV,
@@ -37,6 +37,7 @@ from control.telemetry.tracing import (
     TIMED,
     UNTIMED,
     CandidateMarks,
+    GroupRoundTracer,
     RankRoundTracer,
     RoundMarks,
     RoundSampler,
@@ -232,6 +233,43 @@ def test_a_lockstep_group_is_observed_once_per_round_and_times_only_what_may_be_
         driver.step_with(workload)
         assert driver.observer is None and not any(engine.group_observed for engine in driver.engines)
         assert all(type(engine.timer) is NullTimer for engine in driver.engines)
+    finally:
+        forget_run(run_id)
+        close_shared(parse_otlp_endpoint("127.0.0.1:9"), 0.1)
+
+
+def test_a_group_leaving_the_rules_rounds_is_not_called_in_rounds_no_rate_may_pick(monkeypatch):
+    # As in `serve`'s simulator process (`leave_rule_rounds_to_controller`): the driver skips the group's
+    # hooks in the rounds no rate may pick, which run untimed; every round a rate may pick is observed
+    # and timed as before, and a traced round's end still reaches the next round's rows.
+    begun: list[int] = []
+    real = GroupRoundTracer.round_begins
+    monkeypatch.setattr(GroupRoundTracer, "round_begins", lambda self, r: (begun.append(r), real(self, r))[1])
+    args = gate_args()
+    driver = LockstepDriver(args)
+    workload = Workload(ClosedLoop(9), dp_size=3, prompt=Fixed(200), output=Fixed(20), seed=4)
+    run_id = "group-quiet"
+    for engine in driver.engines:
+        engine.observer = rank_observer(
+            engine, endpoint="127.0.0.1:9", run_id=run_id, sample_rate=0.02, window_sample_rate=0.08
+        )
+        assert engine.observer.leave_rule_rounds_to_controller()
+    sampler = engine.observer.sampler
+    traced_before = False
+    try:
+        for _ in range(800):
+            round_ = driver.engines[0].round
+            outcomes, _ = driver.step_with(workload)
+            rows = outcomes[0].rows
+            if round_ not in begun:
+                assert sampler.timing(round_) == UNTIMED and not traced_before, round_
+                assert all(type(engine.timer) is NullTimer for engine in driver.engines)
+            if traced_before:
+                assert all(row.previous_span_end_ns > 0 for row in rows)
+            traced_before = round_ in begun and sampler.round == round_ and sampler.context is not None
+            assert all(row.span_start_ns > 0 for row in rows) == traced_before
+        timed = {r for r in range(800) if sampler.timing(r) != UNTIMED}
+        assert timed <= set(begun) and len(begun) < 0.35 * 800, len(begun)
     finally:
         forget_run(run_id)
         close_shared(parse_otlp_endpoint("127.0.0.1:9"), 0.1)
@@ -503,12 +541,20 @@ def test_failing_collectors_do_not_slow_rounds_and_drops_are_counted(receiver: O
     assert 0 < dropped_1 < dropped_2, figures  # every lost span is counted, and the count only grows
 
 
-@pytest.mark.parametrize("window", [0.1, 0.6])
-def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceiver, monkeypatch, window: float):
+@pytest.mark.parametrize(
+    ("window", "child"),
+    [(0.1, False), (0.6, False), (0.1, True), (0.6, True)],
+    ids=["0.1", "0.6", "child-0.1", "child-0.6"],
+)
+def test_lockstep_simulator_rounds_are_complete_traces_too(
+    receiver: OtlpReceiver, monkeypatch, window: float, child: bool
+):
     # The simulator steps all ranks in one process (one group tracer, shared sampler and shipper, the
     # controller reusing the ranks' decisions): every traced round still holds the root and each rank's
     # tree, with the lockstep all-gather marked as such. With a window rate above the sample rate, the
-    # window rounds' phases are timed from their vote on, and their trees are complete too.
+    # window rounds' phases are timed from their vote on, and their trees are complete too. In `serve`'s
+    # child process (`child`) the group skips the rounds no rate may pick (`quiet_until`), and the trees
+    # are the same.
     monkeypatch.delenv(ENDPOINT_ENV, raising=False)
     ns = telemetry_ns(
         "--otlp-endpoint",
@@ -520,11 +566,16 @@ def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceive
         "--no-otlp-metrics",
     )
     ns.no_progress = True
-    run_id = f"trace-lockstep-{window}"
+    run_id = f"trace-lockstep-{window}-{child}"
     args = gate_args()
     observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
     workload = Workload(ClosedLoop(6), dp_size=3, prompt=Fixed(200), output=Fixed(20), limit=24, seed=4)
-    controller = Controller(args, SimBackend(args, workload, observer=observer, observer_kwargs=kwargs), run_id=run_id)
+    if child:
+        ns.pace, ns.processes = None, False
+        backend = build_backend(args, workload, ns, run_id)
+    else:
+        backend = SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
+    controller = Controller(args, backend, run_id=run_id)
     records = []
     controller.listeners.append(records.append)
     assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
@@ -542,3 +593,4 @@ def test_lockstep_simulator_rounds_are_complete_traces_too(receiver: OtlpReceive
     gathers = [_attrs(span) for _, span in spans if span.name == "all-gather"]
     assert gathers and all(attrs == {"gate.lockstep": True} for attrs in gathers)
     assert len([span for res, span in receiver.spans() if is_request(span)]) == 24
+    assert getattr(backend, "rule_rounds_to_controller", False) is child

@@ -307,6 +307,16 @@ class RoundSampler:
             self._timings = timings(self._seed, round_, TIMING_BLOCK, self._ratio_bound, self._bound)
         return self._timings[index]
 
+    def next_timed(self, after: int) -> int:
+        """The first round after `after` that a rate may pick (timing not UNTIMED), or, when none is in the
+        block of timings at hand, the first round past it."""
+        timings = self._timings
+        start = after + 1 - self._timings_first
+        if not 0 <= start < len(timings):
+            return after + 1
+        found = [index for index in (timings.find(b"\x01", start), timings.find(b"\x02", start)) if index >= 0]
+        return self._timings_first + (min(found) if found else len(timings))
+
     def decide(self, round_: int, rows: Sequence[Row], adopted_epoch: int | None) -> RoundContext | None:
         """The round's context when it is traced, else None.
 
@@ -711,6 +721,7 @@ class GroupRoundTracer:
         "_timing",
         "_totals",
         "engines",
+        "quiet_until",
         "sampler",
         "started",
         "tracers",
@@ -727,6 +738,8 @@ class GroupRoundTracer:
         self._timing = -1
         self._ends: list[int] | None = None  # each rank's end of the previous round when it was traced
         self._reported = False
+        # The driver skips both hooks before this round (`GroupObserver`): see `_go_quiet`.
+        self.quiet_until = 0
 
     def round_begins(self, round_: int) -> None:
         """Take the group's start; arm the ranks' timers when this round is timed otherwise than the last."""
@@ -769,10 +782,24 @@ class GroupRoundTracer:
             if totals.refused or totals.failed or totals.unconfirmed:
                 for row, tracer in zip(rows, self.tracers, strict=True):
                     row.spans_dropped = tracer.counter.total
+            elif self.sampler.rates_only and self._ends is None and not self._profiling:
+                self._go_quiet(first.round)
         except Exception:  # a tracing bug must never stop the group: count the round's spans as lost
             self._ends = None
             for tracer in self.tracers:
                 tracer._failed()
+
+    def _go_quiet(self, round_: int) -> None:
+        """When the ranks trace only what a rate picks (`leave_rule_rounds_to_controller`), the rounds
+        before the next one a rate may pick have nothing to observe: no start to take (a rule's round is
+        the controller's), no end or drop count to publish (none pending; a span lost meanwhile shows in
+        the rows from the next round observed, and from then on every round is). Run them untimed, and let
+        the driver skip both hooks in them: most rounds then cost the group nothing at all."""
+        quiet = self.sampler.next_timed(round_)
+        if quiet > round_ + 1:
+            if self._timing != UNTIMED:
+                self._arm(UNTIMED)
+            self.quiet_until = quiet
 
     def detach(self) -> None:
         """The driver stopped observing the group: untimed ranks again, as before any tracer."""

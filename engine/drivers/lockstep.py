@@ -26,7 +26,13 @@ class Arrivals(Protocol):
 
 
 class GroupObserver(Protocol):
-    """Sees every round of a lockstep group once, for all its ranks (tracing); must not block."""
+    """Sees the rounds of a lockstep group once, for all its ranks (tracing); must not block.
+
+    `quiet_until`: the observer has nothing to do in rounds before this one (the driver then calls
+    neither hook for them); 0 when it wants every round.
+    """
+
+    quiet_until: int
 
     def round_begins(self, round_: int) -> None:
         """Before any rank begins round `round_`."""
@@ -46,8 +52,9 @@ class LockstepDriver:
 
     When the ranks' round observers can observe the group as one (rank 0's offers `group_observer`, as
     the tracer does), the driver calls that group observer twice a round instead of every rank calling
-    its own: a round nobody traces then costs the group a few calls, not a few per rank. The driver
-    notices observers attached, replaced or removed (rank 0's) before the next round.
+    its own: a round nobody traces then costs the group a few calls, not a few per rank, and none in
+    the rounds the group observer says it has nothing to do in (`quiet_until`). The driver notices
+    observers attached, replaced or removed (rank 0's) before the next round.
     """
 
     def __init__(self, args: ServerArgs, engine_factory: EngineFactory | None = None) -> None:
@@ -65,6 +72,8 @@ class LockstepDriver:
         if engines[0].observer is not self._observed:
             self._observe()
         observer = self.observer
+        if observer is not None and engines[0].round < observer.quiet_until:
+            observer = None  # a round it has said it has nothing to do in
         if observer is not None:
             observer.round_begins(engines[0].round)
         rows = self.group.gather_lockstep([engine.begin_round() for engine in engines])
