@@ -241,14 +241,20 @@ def decide(
             f"{itl_text} > {_ms(slo.itl_p99_s)} within the noise: {_pct(tail.share)} of decode tokens past it, "
             f"{_pct(est.extend_token_share)} waited an extend round"
         )
-        # Each grows as far as the TTFT target allows: K within its room (not back to a K where a budget
-        # broke lately), A by the rounds of wait left (the ALL point then waits up to A rounds longer).
-        grow = room if memory.grow_below is None else min(room, memory.grow_below - 1)
-        new_k = _step(k, grow, law) if grow > k else k
-        wait = math.floor((law.target * slo.ttft_p99_s - ttft) / t)
-        new_a = min(_step(a, a * 2, law), a + wait, new_k) if est.ready_share >= law.min_ready_share else a
+        if est.ready_share >= law.min_ready_share:
+            # Prompts reach every rank together: the ALL point's A gathers them, by the rounds of wait the
+            # TTFT target leaves (K, the lone prompt's wait and the TTFT tail, moves only to keep K >= A).
+            wait = math.floor((law.target * slo.ttft_p99_s - ttft) / t)
+            new_a = max(a, min(_step(a, a * 2, law), a + wait))
+            new_k = max(k, new_a)
+        else:
+            # Only the ANY point opens windows: K within its room, not past the TTFT target in rounds nor
+            # back to a K where a budget broke lately.
+            grow = min(room, math.floor(law.target * slo.ttft_p99_s / t))
+            grow = grow if memory.grow_below is None else min(grow, memory.grow_below - 1)
+            new_a, new_k = a, _step(k, grow, law) if grow > k else k
         if (new_a, new_k) != (a, k):
-            return _verdict(now, Intervals(max(a, new_a), new_k), f"{why}: {FEWER}", law, FEWER)
+            return _verdict(now, Intervals(new_a, new_k), f"{why}: {FEWER}", law, FEWER)
     itl_room = tail is None or tail.share <= law.slack * TAIL
     # Bursts: prefill wanted on few rounds, and on half of those by every decoding rank at once; the ALL
     # point's wait is then what gathers a burst into one window, not a cost to cut.
@@ -258,7 +264,7 @@ def decide(
     if low and itl_room and not bursts:
         why = f"low load (every decoding rank ready on {est.ready_share:.0%} of rounds): open the ALL point sooner"
         return _verdict(now, Intervals(_step(a, a // 2, law), k), why, law)
-    if ttft < law.slack * slo.ttft_p99_s and itl < law.slack * slo.itl_p99_s and est.extend_share > 0:
+    if ttft < law.slack * slo.ttft_p99_s and itl < law.slack * slo.itl_p99_s and itl_room and est.extend_share > 0:
         # Grown on slack, K stops at the TTFT target in rounds: a lone prompt held K rounds still meets it.
         room = min(math.floor(k_room), math.floor(law.target * slo.ttft_p99_s / t), law.max_interval)
         if memory.grow_below is not None:
