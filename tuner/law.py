@@ -11,17 +11,26 @@ the order they are tried (docs/autotune.md gives the reasons):
 3. TTFT over budget: K down through the measured round time, `K + (target*S - p99) / round`; when the
    ALL point opens most windows (a window every < K/2 rounds) A is halved too: its wait is the one paid
    (and at A=1 nothing is left for the gate to give: hold).
-4. ITL over budget: when an extend round of one prompt would fit the budget, smaller windows (A, then
-   K, halved) make every extend round short; when even one prompt's round is too long, fewer extend
-   rounds (K and A up) is the only way, as far as the TTFT budget allows. Prompts that come in bursts can
-   defeat that model (a burst makes long rounds whatever the window): the tuner then remembers which way
-   its last ITL change moved the p99 and keeps or reverses it, and holds once neither way moved it
-   (`Memory`): the cost of one extend round, not the intervals, then sets the p99.
+4. ITL over budget: when few decode tokens wait an extend round (<= max_step x the 1% tail), fewer extend
+   rounds first (one bounded step takes them out of the tail, however long the round); else when an extend
+   round of one prompt would fit the budget, smaller windows (A, then K, halved) make every extend round
+   short; when even one prompt's round is too long, fewer extend rounds (K and A up) is the only way, as far
+   as the TTFT budget allows. Prompts that come in bursts can defeat that model (a burst makes long rounds
+   whatever the window): the tuner then remembers which way its last ITL change moved the tail and keeps or
+   reverses it, and holds once neither way moved it (`Memory`): the cost of one extend round, not the
+   intervals, then sets the p99.
+4b. ITL p99 past the budget within the noise, few tokens waiting an extend round, TTFT under its target:
+   fewer extend rounds, by A where the ALL point opens (it gathers a burst into one window), by K where it
+   never does; not again once such a change did not shrink the tail.
 5. both within budget: at low load (the ALL point rarely finds every rank ready) with TTFT past the slack
    mark, halve A towards 1 (the ALL point's wait is then the TTFT it costs; with TTFT slack, A is left
-   alone, since bursts that reach every rank at once are batched by it); with
-   room on both percentiles (and some prefill in the window to judge by), K up towards the TTFT target
-   (more batching, fewer extend rounds), but never back to a K where a budget broke recently.
+   alone, since bursts that reach every rank at once are batched by it), unless the ALL point never opens,
+   the ITL tail has no room or the load comes in bursts; with room on both percentiles and the ITL tail
+   (and some prefill in the window to judge by), K up towards the TTFT target (more batching, fewer extend
+   rounds), but never back to a K where a budget broke recently.
+
+"Over budget" is the p99 past the budget and its tail past the noise (`ttft_over`, `itl_over`): more samples
+past the budget than the 1% a p99 allows, by `confidence` Poisson deviations, in both halves of the window.
 
 Every interval moves by at most `max_step` x per change, some interval by at least `min_change` (smaller
 moves are noise), and C2 holds: K >= A >= 1.
