@@ -38,7 +38,14 @@ from control.telemetry.telemetry_cli import (
     add_telemetry_args,
     attach_telemetry,
 )
-from control.telemetry.trace_export import DropCounter, OtlpSender, ShipperConfig, SpanShipper, parse_otlp_endpoint
+from control.telemetry.trace_export import (
+    DropCounter,
+    OtlpSender,
+    ShipperConfig,
+    SpanShipper,
+    close_shared,
+    parse_otlp_endpoint,
+)
 from control.telemetry.trace_status import trace_status
 from control.telemetry.tracing import forget_run, new_span_id, rank_observer, rank_resource
 from engine.config import ServerArgs
@@ -53,10 +60,13 @@ CONFIGS = (
     ("100%", 1.0, 1.0),
 )
 # The paired section's configurations: also both rates 0, where nothing is traced (the decisions and the
-# hooks alone, what every round pays).
-# and the defaults before the telemetry issue's last change, side by side with today's.
-PREVIOUS_DEFAULT = ("previous default", 0.01, 0.05)
-PAIRED = (CONFIGS[1], PREVIOUS_DEFAULT, ("rates 0", 0.0, 0.0), CONFIGS[2])
+# hooks alone, what every round pays), and the default sampling as the code before the telemetry issue's
+# last change ran it (`PREVIOUS`), side by side with today's.
+PREVIOUS = "previous"
+PAIRED = (CONFIGS[1], (PREVIOUS, *CONFIGS[1][1:]), ("rates 0", 0.0, 0.0), CONFIGS[2])
+# What `PREVIOUS` ran differently: the simulated ranks decided every rule themselves (now the controller
+# traces the rounds only a rule picks, `leave_rule_rounds_to_controller`), and spans left every 1 s (now 5 s).
+PREVIOUS_BATCH_S = 1.0
 # The per-rank paired variant (each rank's own hooks, as in a rank process): at the defaults and both rates 0.
 PER_RANK = (CONFIGS[1], ("rates 0", 0.0, 0.0))
 WARMUP_ROUNDS = 200
@@ -216,7 +226,14 @@ def run_section(
 
 
 def paired_overhead(
-    endpoint: str, ranks: int, rate: float, window: float, pairs: int, block: int, per_rank: bool = False
+    endpoint: str,
+    ranks: int,
+    rate: float,
+    window: float,
+    pairs: int,
+    block: int,
+    per_rank: bool = False,
+    previous: bool = False,
 ) -> dict:
     """What tracing costs the simulator's own process, measured so that both the machine's other tenants
     and the workload's own variation cancel out: two identical lockstep groups (in this process, as
@@ -238,16 +255,22 @@ def paired_overhead(
     `per_rank`: each rank's observer built as a rank process builds its own (`rank_observer` in a process
     with no other rank's sampler: each rank its own `RoundSampler`), so the driver finds no group observer
     and every rank calls its observer's two hooks itself, as `serve --processes` ranks do; the figures are
-    also given per rank-round."""
+    also given per rank-round. Otherwise the ranks leave the rules' rounds to the controller, as in
+    `serve`'s simulator process (the controller's work is in another process, and not counted here);
+    `previous`: they decide every rule, and spans leave every `PREVIOUS_BATCH_S`, as before that change."""
     args = bench_args(ranks)
     run_id = f"bench-paired-{'rank-' if per_rank else ''}{rate:g}-{window:g}"
     traced_group, untraced_group = LockstepDriver(args), LockstepDriver(args)
-    kwargs = {"endpoint": endpoint, "run_id": run_id, "sample_rate": rate, "window_sample_rate": window}
+    kwargs: dict[str, Any] = {"endpoint": endpoint, "run_id": run_id, "sample_rate": rate, "window_sample_rate": window}
+    if previous:
+        kwargs["schedule_delay_s"] = PREVIOUS_BATCH_S
     tracers = []
     for engine in traced_group.engines:
         if per_rank:
             forget_run(run_id)  # a rank process's own: no sampler of another rank to share
         tracers.append(rank_observer(engine, **kwargs))
+        if not per_rank and not previous:  # as in `serve`'s simulator process: the rules' rounds are the controller's
+            tracers[-1].leave_rule_rounds_to_controller()
         engine.observer = tracers[-1]
         if per_rank:  # no group observer to arm the timers
             engine.timer = tracers[-1].timer
@@ -281,6 +304,7 @@ def paired_overhead(
     tracers[0].flush()  # the exporter's work for the traced blocks is done, and counted below
     others = (time.process_time() - process) - (time.thread_time() - main)  # every thread but this one
     forget_run(run_id)
+    close_shared(parse_otlp_endpoint(endpoint))  # no idle exporter left to count against the next one
     off = statistics.median(off_blocks) / block
     hooks = statistics.fmean(differences) / block
     exporter = others / traced_rounds
@@ -460,7 +484,10 @@ def report(
             f"other (which goes first alternates), {options.pairs} pairs per configuration, after "
             f"{WARMUP_ROUNDS} rounds of warm-up. The two blocks of a pair run the same rounds under the same "
             "load from the machine's other tenants, so their difference in the main thread's CPU time is what "
-            "the ranks' hooks cost in that block (decisions, clock reads, phase marks, spans built). Hooks per "
+            "the ranks' hooks cost in that block (decisions, clock reads, phase marks, spans built). The ranks "
+            "are observed as in `serve`'s simulator process: they trace the rounds a rate picks and leave the "
+            "rounds only a rule picks (config, watermark) to the controller, in another process (the row 'as "
+            "before': the ranks deciding every rule, batches every 1 s). Hooks per "
             "round: the **mean** of the pairs' differences (± its standard error); the median is shown beside "
             "it but is not the cost: at the default rates most blocks hold no traced round and a few hold one "
             "or two, and the median of that skewed mixture is a block without (or with one) traced round. "
@@ -500,8 +527,11 @@ def config_label(name: str) -> str:
     """A configuration's row label: its rates spelled out."""
     if name == "default":
         return f"default ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g})"
-    if name == PREVIOUS_DEFAULT[0]:
-        return f"previous default ({PREVIOUS_DEFAULT[1]:g}, windows {PREVIOUS_DEFAULT[2]:g})"
+    if name == PREVIOUS:
+        return (
+            f"default as before ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g}; the ranks deciding "
+            f"every rule, batches every {PREVIOUS_BATCH_S:g} s)"
+        )
     if name == "rates 0":
         return "both rates 0 (nothing traced: decisions and hooks)"
     return name
@@ -591,7 +621,9 @@ def main(argv: list[str] | None = None) -> None:
         if options.pairs:
             for name, rate, window in PAIRED:
                 assert rate is not None and window is not None
-                paired[name] = paired_overhead(endpoint, options.ranks, rate, window, options.pairs, options.block)
+                paired[name] = paired_overhead(
+                    endpoint, options.ranks, rate, window, options.pairs, options.block, previous=name == PREVIOUS
+                )
                 print(f"paired {name}: {paired[name]['overhead']:+.1%}", file=sys.stderr, flush=True)
             for name, rate, window in PER_RANK:
                 assert rate is not None and window is not None

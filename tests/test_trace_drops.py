@@ -110,26 +110,34 @@ def test_drops_are_counted_exactly_across_a_hung_and_resumed_collector(receiver,
     assert logged and len(logged) <= 3  # rate-limited: one line at the first loss, one at close
 
 
-def test_rounds_traced_only_for_a_watermark_crossing_have_covering_roots_and_say_they_were_not_timed(receiver):
+@pytest.mark.parametrize("child", [False, True], ids=["simulator-in-process", "simulator-child"])
+def test_rounds_traced_only_for_a_watermark_crossing_have_covering_roots_and_say_they_were_not_timed(receiver, child):
     # Rates 0: only watermark crossings (a small pool) are traced. Their phases were not timed (timing
     # every round would cost every round), so each rank's span says so and has no children; the root
-    # still covers them.
+    # still covers them. In `serve`'s child process the simulated ranks leave such rounds to the
+    # controller (they trace only what a rate picks): the trees are the same, built by the controller.
     rates = ("--trace-sample-rate", "0", "--trace-window-sample-rate", "0")
     ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, *rates)
-    ns.otlp_metrics, ns.no_progress = False, True
+    ns.otlp_metrics, ns.no_progress, ns.pace, ns.processes = False, True, None, False
     args = sim_args(dp_size=2, kv_pages=40, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
     observer, kwargs = rank_observer_spec(ns, "watermark-only", 2)  # type: ignore[misc]
     workload = Workload(ClosedLoop(8), dp_size=2, prompt=Fixed(200), output=Fixed(40), limit=24, seed=2)
-    backend = SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
+    if child:
+        backend = build_backend(args, workload, ns, "watermark-only")
+    else:
+        backend = SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
     controller = Controller(args, backend, run_id="watermark-only")
     assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
-    spans = [span for _, span in receiver.spans() if span.name in ("round", "gate.round", "plan")]
-    roots = [span for span in spans if span.name == "round"]
+    assert getattr(backend, "rule_rounds_to_controller", False) is child
+    spans = [(res, span) for res, span in receiver.spans() if span.name in ("round", "gate.round", "plan")]
+    roots = [span for _, span in spans if span.name == "round"]
     assert roots and {attrs(root)["gate.sample_reason"] for root in roots} == {"watermark"}
     assert assert_roots_cover_their_trees(receiver.spans()) == len(roots)
-    ranks = [span for span in spans if span.name == "gate.round"]
-    assert len(ranks) == 2 * len(roots) and all(attrs(span)["gate.phases_timed"] is False for span in ranks)
-    assert not [span for span in spans if span.name == "plan"]
+    ranks = [(res, span) for res, span in spans if span.name == "gate.round"]
+    assert len(ranks) == 2 * len(roots) and all(attrs(span)["gate.phases_timed"] is False for _, span in ranks)
+    # Each rank's span carries that rank's resource, whoever built it.
+    assert {(res["prefill_gate.rank"], attrs(span)["gate.rank"]) for res, span in ranks} == {(0, 0), (1, 1)}
+    assert not [span for _, span in spans if span.name == "plan"]
 
 
 def test_an_export_unanswered_past_the_deadline_is_unconfirmed_not_lost(receiver):

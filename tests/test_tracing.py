@@ -47,6 +47,7 @@ from control.telemetry.tracing import (
     rank_observer,
     rank_resource,
     rank_span_id,
+    rates_pick,
     round_root_span_id,
     round_trace_id,
     sample_reason,
@@ -151,6 +152,31 @@ def test_window_rate_samples_window_rounds_at_its_rate_and_agrees_across_sampler
     assert 300 < sum(c is not None for c in windows) < 500  # ~20% of 2000
     assert sum(c is not None for c in others) < 120  # ~1% of 6000
     assert {c.reason for c in others if c is not None} == {SampleReason.RATIO}
+
+
+def test_a_rates_only_sampler_picks_exactly_the_rate_rounds_and_leaves_the_rules_rounds():
+    # A simulator in its own process leaves the rules' rounds to the controller (`rates_only`): its
+    # sampler must pick exactly the rounds the full rules pick for a rate (same ids), and none that
+    # only a config change or a watermark crossing picks; the controller builds those, by `rates_pick`.
+    calm = (Row(rank=0, pool_pages_used=10, pool_pages_usable=100, batch_size=1), Row(rank=1, batch_size=1))
+    hot = (Row(rank=0, pool_pages_used=95, pool_pages_usable=100, batch_size=1), Row(rank=1, batch_size=1))
+    opened = (Row(rank=0, decision_point=2, decision_open=True), Row(rank=1, decision_point=2, decision_open=True))
+    full, rates = RoundSampler("run-r", 0.01, 0.1), RoundSampler("run-r", 0.01, 0.1)
+    rates.rates_only = True
+    by_rules = 0
+    for r in range(6000):
+        rows = hot if r % 50 == 0 else opened if r % 3 == 0 else calm  # a crossing every 50 rounds
+        adopted = 7 if r % 997 == 0 else None
+        want, got = full.decide(r, rows, adopted), rates.decide(r, rows, adopted)
+        rate_picked = rates_pick(full.timing(r), rows)
+        assert (got is not None) == rate_picked, r
+        if got is not None:
+            assert (got.trace_id, got.root_span_id) == (want.trace_id, want.root_span_id)
+            assert got.reason in (SampleReason.RATIO, SampleReason.OPEN)
+        elif want is not None:
+            by_rules += 1
+            assert want.reason in (SampleReason.CONFIG, SampleReason.WATERMARK)
+    assert by_rules > 100  # the rules' rounds were there to be left
 
 
 def test_round_timing_is_known_before_the_round_and_matches_the_sampling_key():
@@ -459,7 +485,8 @@ def test_failing_collectors_do_not_slow_rounds_and_drops_are_counted(receiver: O
     ns = telemetry_ns("--otlp-endpoint", receiver.endpoint, "--trace-sample-rate", "1.0")
     run_id = "trace-bad-collector"
     observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
-    kwargs.update(queue_spans=512, export_timeout_s=0.3, close_timeout_s=0.5)
+    # Exports every 0.1 s (not the default 5 s): each 1 s step must see the collector's answers.
+    kwargs.update(queue_spans=512, export_timeout_s=0.3, close_timeout_s=0.5, schedule_delay_s=0.1)
     backend = ProcessBackend(args, workload, observer=observer, observer_kwargs=kwargs)
     traced = Controller(args, backend, run_id=run_id, stop_when_idle=False)
     steps = [("ok", 1.0), ("unavailable", 1.0), ("sleep", 1.0)]

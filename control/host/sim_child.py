@@ -48,7 +48,10 @@ RELAY_INTERVAL_S = 0.01
 
 @dataclass(frozen=True)
 class _Ready:
-    """The child built the engine and started it."""
+    """The child built the engine and started it; whether its rank observers left the rounds only a
+    tracing rule picks to the controller (`leave_rule_rounds_to_controller`)."""
+
+    rule_rounds_to_controller: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,17 @@ def _relay_commands(backend: SimBackend, commands: Any) -> None:
         getattr(backend, name)(*arguments)
 
 
+def _leave_rule_rounds_to_controller(backend: SimBackend) -> bool:
+    """Hand the rounds only a tracing rule picks to the controller, which sees every round's record and
+    decides every round anyway (its roots): the simulated ranks' process then pays no pass over the rows
+    per round for it. Only when every rank's observer can (the tracer's); True when they did."""
+    observers = [engine.observer for engine in backend.driver.engines]
+    hands = [getattr(observer, "leave_rule_rounds_to_controller", None) for observer in observers]
+    if not observers or any(hand is None for hand in hands):
+        return False
+    return all([hand() for hand in hands])  # type: ignore[misc]
+
+
 def _child_main(spec: _ChildSpec, commands: Any, out: Any, received: Any) -> None:
     """Body of the child: the simulator in this process's main thread until it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller turns Ctrl-C into an agreed stop
@@ -143,7 +157,7 @@ def _child_main(spec: _ChildSpec, commands: Any, out: Any, received: Any) -> Non
         )
         forwarder = _Forwarder(backend, out, received, spec.record_queue_size)
         threading.Thread(target=_relay_commands, args=(backend, commands), name="sim-commands", daemon=True).start()
-        out.put(_Ready())
+        out.put(_Ready(_leave_rule_rounds_to_controller(backend)))
         backend.run()
         backend.poll()  # raises RankFailure when the simulator's loop failed
     except BaseException as exc:  # reported to the controller, which raises it as a RankFailure
@@ -171,6 +185,8 @@ class SimProcessBackend:
         self.args = args
         self.dp_size = args.dp_size
         self.origin = 0.0  # the virtual clock starts with the run
+        # The child's tracer traces only the rounds a rate picks; the controller's the rules' (see `_Ready`).
+        self.rule_rounds_to_controller = False
         context = mp.get_context("spawn")
         self._commands = context.Queue()
         self._out = context.Queue()
@@ -213,6 +229,7 @@ class SimProcessBackend:
         if isinstance(message, _Failed):
             self.close()
             raise RankFailure(0, f"the simulator process failed: {message.error}", message.detail)
+        self.rule_rounds_to_controller = message.rule_rounds_to_controller
         self._receiver.start()
 
     def _receive(self) -> None:

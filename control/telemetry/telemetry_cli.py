@@ -328,6 +328,7 @@ async def attach_telemetry(controller: Controller, ns: argparse.Namespace) -> Ca
             model=f"sim/{args.sim_preset}" if args.executor == "sim" else "prefill-gate-moe",
             request_spans_per_s=settings.request_rate,
             origin_of=controller.origin_of,
+            rank_rule_spans=bool(getattr(controller.backend, "rule_rounds_to_controller", False)),
         )
         sinks.append(tracer)
     if settings.metrics:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION
 
 from control.host.backends import Polled
-from control.telemetry.otlp_wire import KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, SpanData, producer
+from control.telemetry.otlp_wire import KIND_INTERNAL, KIND_SERVER, STATUS_ERROR, Producer, SpanData, producer
 from control.telemetry.trace_export import DropCounter, SpanShipper
 from control.telemetry.tracing import (
     DEFAULT_SERVICE,
@@ -37,13 +37,17 @@ from control.telemetry.tracing import (
     RoundContext,
     RoundSampler,
     new_span_id,
+    rank_resource,
+    rank_round_span,
     rank_span_id,
+    rates_pick,
     request_trace_id,
     resource_of,
     round_trace_id,
 )
 from engine.record import RoundRecord
 from engine.request import Admitted, ChunkPlanned, Finished, FirstToken, Refused, RequestSpec, Retracted
+from engine.rows import Row
 from prefill_gate.convert import OriginOf
 
 MAX_LINKS = 64  # the first chunks and the earliest decode rounds; a long request would otherwise carry hundreds
@@ -88,6 +92,10 @@ class _PendingRoot:
     start_ns: int
     record_ns: int  # rank 0's record stamp: a floor for the end
     events: list[tuple[str, int, dict[str, object]]]  # the config adoption, when this round adopted one
+    # The ranks' rows when only a rule picked the round and the ranks left such rounds to the controller
+    # (`rank_rule_spans`): their `gate.round` spans are built here, as long as the root. Else None.
+    ranks: tuple[Row, ...] | None = None
+    decision: tuple[object, bool, int, int | None] = (0, False, 0, None)  # point, open, counter, adopted
 
 
 class ControllerTracer:
@@ -106,8 +114,14 @@ class ControllerTracer:
         service_name: str = DEFAULT_SERVICE,
         request_spans_per_s: float = REQUEST_SPANS_PER_S,
         origin_of: OriginOf | None = None,
+        rank_rule_spans: bool = False,
     ) -> None:
         self.run_id = run_id
+        # The ranks trace only the rounds a rate picks (a simulator in a process of its own): the rounds
+        # only a rule picks (config, watermark) get each rank's `gate.round` span from here, untimed.
+        self.rank_rule_spans = rank_rule_spans
+        self.service_name = service_name
+        self._rank_producers: dict[int, Producer] = {}
         self.origin_of = origin_of  # who made a config epoch and why: the adoption round's span event
         window = sample_rate if window_sample_rate is None else window_sample_rate
         self.sampler = RoundSampler(run_id, sample_rate, window)
@@ -261,7 +275,12 @@ class ControllerTracer:
         if record.adopted_epoch:
             attributes["gate.adopted_epoch"] = record.adopted_epoch
         events = [self._adoption_event(record)] if record.adopted_epoch else []
-        self._pending = _PendingRoot(context, attributes, min(start, record.unix_nanos), record.unix_nanos, events)
+        ranks = None
+        if self.rank_rule_spans and not rates_pick(self.sampler.timing(record.round), rows):
+            ranks = rows  # only a rule picked it, and the ranks left those rounds to this tracer
+        decision = (record.point, record.open, record.counter, record.adopted_epoch)
+        start = min(start, record.unix_nanos)
+        self._pending = _PendingRoot(context, attributes, start, record.unix_nanos, events, ranks, decision)
 
     def _finish_root(self, pending: _PendingRoot, later: RoundRecord) -> None:
         """Export the pending root, ended by the latest rank's end of its round."""
@@ -289,6 +308,19 @@ class ControllerTracer:
         )
         if self.shipper.offer([span], self.producer, self.counter):
             self.roots += 1
+        for row in pending.ranks or ():
+            rank_span = rank_round_span(
+                context, row, pending.decision, pending.start_ns, end_ns, phases_timed=False, parent_remote=False
+            )
+            self.shipper.offer([rank_span], self._rank_producer(row.rank), self.counter)
+
+    def _rank_producer(self, rank: int) -> Producer:
+        """The resource and scope a rank's own spans carry, for the rank spans built here."""
+        made = self._rank_producers.get(rank)
+        if made is None:
+            resource = rank_resource(self.run_id, rank, self.dp_size, self.service_name)
+            made = self._rank_producers[rank] = producer(resource, SCOPE_NAME, VERSION)
+        return made
 
     def _adoption_event(self, record: RoundRecord) -> tuple[str, int, dict[str, object]]:
         """`gate.config_adopted`: the epoch every rank adopted after this round's gather, who made it and why."""

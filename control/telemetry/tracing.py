@@ -36,7 +36,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -143,7 +143,13 @@ def round_root_span_id(run_id: str, round_: int) -> int:
 
 def rank_span_id(run_id: str, round_: int, rank: int) -> int:
     """The span id of `rank`'s `gate.round` span of the round (so request spans can link to it)."""
-    return _digest(b"pg.round.rank", f"{run_id}/{round_}/{rank}", 8)
+    return rank_span_of(round_root_span_id(run_id, round_), rank)
+
+
+def rank_span_of(root_span_id: int, rank: int) -> int:
+    """`rank_span_id` from the round's root span id: a SplitMix64 step of the rank keyed by the root's id,
+    a bijection of the rank (no two ranks of a round share an id) that costs no hash on a traced round."""
+    return sampling_key(root_span_id, rank + 1) or 1
 
 
 def request_trace_id(run_id: str, rid: str) -> int:
@@ -200,11 +206,22 @@ def sample_reason(
         return SampleReason.WATERMARK
     # TraceIdRatioBased.should_sample's own test, without building its result objects every round.
     key = trace_id & TraceIdRatioBased.TRACE_ID_LIMIT
-    if key < window.bound and any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows):
+    if key < window.bound and window_opened(rows):
         return SampleReason.OPEN
     if key < ratio.bound:
         return SampleReason.RATIO
     return None
+
+
+def window_opened(rows: Sequence[Row]) -> bool:
+    """The round's vote opened a window at an ANY or ALL point (what the window rate samples)."""
+    return any(row.decision_open and row.decision_point != GatePoint.NONE for row in rows)
+
+
+def rates_pick(timing: int, rows: Sequence[Row]) -> bool:
+    """A rate picks the round (RATIO or OPEN), whatever the rules: it is TIMED, or a CANDIDATE whose vote
+    opened. `timing` is `RoundSampler.timing` of the round."""
+    return timing == TIMED or (timing == CANDIDATE and window_opened(rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +263,7 @@ class RoundSampler:
         "_trace_key",
         "context",
         "next_timing",
+        "rates_only",
         "ratio",
         "round",
         "run_id",
@@ -257,6 +275,8 @@ class RoundSampler:
         self.ratio = TraceIdRatioBased(sample_rate)
         self.window = TraceIdRatioBased(window_rate)
         self._publish = publish
+        # Only the rates decide (`leave_rule_rounds_to_controller`): the rules' rounds are the controller's.
+        self.rates_only = False
         # The controller's sampler subscribes to the run's decisions; ranks publish there only then (a
         # simulator in a process of its own has no reader).
         self._log = _decision_logs.setdefault(run_id, {}) if not publish else None
@@ -296,6 +316,8 @@ class RoundSampler:
         """
         if round_ == self.round:
             return self.context
+        if self.rates_only:
+            return self._decide_by_rates(round_, rows)
         if self._log is not None:
             logged = self._log.get(round_, _UNDECIDED)  # one lookup: the deciding thread may trim the log
             if logged is not _UNDECIDED:
@@ -308,7 +330,13 @@ class RoundSampler:
             previous, timing = None, self.timing(round_)
         hot = hot_ranks(rows)
         context = None
-        if adopted_epoch or timing or (hot and crossed_watermark(hot, previous)):
+        # A CANDIDATE round is picked only when its vote opened (most do not): the vote before the hash.
+        if (
+            adopted_epoch
+            or timing == TIMED
+            or (timing and window_opened(rows))
+            or (hot and crossed_watermark(hot, previous))
+        ):
             trace_id = self._trace_id(round_)
             reason = sample_reason(trace_id, rows, hot, previous, adopted_epoch, self.ratio, self.window)
             if reason is not None:
@@ -320,6 +348,20 @@ class RoundSampler:
             if log is not None:
                 log[round_] = context
                 log.pop(round_ - DECISION_MEMORY, None)
+        return context
+
+    def _decide_by_rates(self, round_: int, rows: Sequence[Row]) -> RoundContext | None:
+        """`decide` by the rates alone (no pass over the rows' pools, no memory of the previous round):
+        a lookup of the round's timing, and the vote on the rounds only the window rate may pick."""
+        timing = self.next_timing if self.round == round_ - 1 else self.timing(round_)
+        context = None
+        if rates_pick(timing, rows):
+            trace_id = self._trace_id(round_)
+            # OPEN or RATIO: a rate picked it, and the rules are not asked.
+            reason = sample_reason(trace_id, rows, 0, 0, None, self.ratio, self.window) or SampleReason.RATIO
+            context = RoundContext(round_, trace_id, round_root_span_id(self.run_id, round_), reason)
+        self.round, self.context = round_, context
+        self.next_timing = self.timing(round_ + 1)
         return context
 
 
@@ -500,6 +542,15 @@ class RankRoundTracer:
             return GroupRoundTracer(engines, tracers)  # type: ignore[arg-type]
         return None
 
+    def leave_rule_rounds_to_controller(self) -> bool:
+        """From now on trace only the rounds a rate picks (`rates_pick`); the rounds only a rule picks
+        (config, watermark) are traced by the run's controller from their records, with no phases. For
+        a simulator in a process of its own, whose controller sees every round's record: the pass over
+        every round's rows that the rules need is then the controller's, not the simulated ranks'.
+        Shared by every rank of the process (one sampler). Returns True: done."""
+        self.sampler.rates_only = True
+        return True
+
     def fill_row(self, row: Row) -> None:
         """Publish the drop count and the span bounds the controller's root needs."""
         row.span_start_ns = self._timer.started  # type: ignore[attr-defined]
@@ -555,35 +606,18 @@ class RankRoundTracer:
         row = outcome.rows[self.rank]
         decision = outcome.decision
         trace_id = context.trace_id
-        own = rank_span_id(self.run_id, context.round, self.rank)
-        attributes: dict[str, Any] = {  # what a reader of the round needs, no more
-            "gate.rank": self.rank,
-            "gate.round": context.round,
-            "gate.point": _POINT_NAMES[decision.point],
-            "gate.open": decision.allow_prefill,
-            "gate.counter": decision.counter,
-            "gate.want_prefill": row.want_prefill,
-            "gate.has_decode_work": row.has_decode_work,
-            "gate.occupancy": round(row.occupancy, 4),
-            "gate.config_epoch": row.config_epoch,
-        }
-        if outcome.adopted_epoch:
-            attributes["gate.adopted_epoch"] = outcome.adopted_epoch
-        if len(marks) == 2:
-            attributes["gate.phases_timed"] = False  # picked after it ran (config, watermark): no phase marks
-        own_span = SpanData(
-            trace_id,
-            own,
-            context.root_span_id,
-            "gate.round",
-            KIND_INTERNAL,
+        own_span = rank_round_span(
+            context,
+            row,
+            (decision.point, decision.allow_prefill, decision.counter, outcome.adopted_epoch),
             marks[0][1],
             marks[-1][1],
-            attributes,
+            phases_timed=len(marks) > 2,
             parent_remote=True,  # the controller exports the root
         )
         if len(marks) == 2:
             return [own_span]
+        own = own_span.span_id
         spans = [own_span]
         ends = dict(marks)  # phase -> when it ended; a phase starts when the previous one ended
         # Lockstep groups have no gather lap: their "observe" lap is this rank waiting for its peers' rows.
@@ -613,6 +647,49 @@ class RankRoundTracer:
         return spans
 
 
+def rank_round_span(
+    context: RoundContext,
+    row: Row,
+    decision: tuple[GatePoint | int, bool, int, int | None],
+    start_ns: int,
+    end_ns: int,
+    *,
+    phases_timed: bool,
+    parent_remote: bool,
+) -> SpanData:
+    """One rank's `gate.round` span of a traced round, child of the round's root: what a reader of the
+    round needs, no more. `decision`: the round's (point, open, counter, adopted epoch), the same on
+    every rank (G1). Without `phases_timed` (a round picked after it ran: config, watermark) it says so."""
+    point, allow_prefill, counter, adopted_epoch = decision
+    attributes: dict[str, Any] = {
+        "gate.rank": row.rank,
+        "gate.round": context.round,
+        "gate.point": _POINT_NAMES[point],
+        "gate.open": allow_prefill,
+        "gate.counter": counter,
+        "gate.want_prefill": row.want_prefill,
+        "gate.has_decode_work": row.has_decode_work,
+        "gate.occupancy": round(row.occupancy, 4),
+        "gate.config_epoch": row.config_epoch,
+    }
+    if adopted_epoch:
+        attributes["gate.adopted_epoch"] = adopted_epoch
+    if not phases_timed:
+        attributes["gate.phases_timed"] = False
+    span_id = rank_span_of(context.root_span_id, row.rank)
+    return SpanData(
+        context.trace_id,
+        span_id,
+        context.root_span_id,
+        "gate.round",
+        KIND_INTERNAL,
+        start_ns,
+        end_ns,
+        attributes,
+        parent_remote=parent_remote,
+    )
+
+
 class GroupRoundTracer:
     """The `GroupObserver` of a lockstep group's ranks (`LockstepDriver`): their tracers, called once per
     round for the whole group instead of twice per rank.
@@ -626,12 +703,24 @@ class GroupRoundTracer:
     process lost some span.
     """
 
-    __slots__ = ("_ends", "_null", "_profiling", "_reported", "_timing", "engines", "sampler", "started", "tracers")
+    __slots__ = (
+        "_ends",
+        "_null",
+        "_profiling",
+        "_reported",
+        "_timing",
+        "_totals",
+        "engines",
+        "sampler",
+        "started",
+        "tracers",
+    )
 
     def __init__(self, engines: Sequence[RankEngine], tracers: Sequence[RankRoundTracer]) -> None:
         self.engines = list(engines)
         self.tracers = list(tracers)
         self.sampler = tracers[0].sampler
+        self._totals = tracers[0].shipper.totals  # the process's losses, read every round
         self.started = 0  # the group's start of the round (before its first rank begins)
         self._profiling = any(tracer._profiling for tracer in tracers)
         self._null = NullTimer()
@@ -676,7 +765,8 @@ class GroupRoundTracer:
                     marks = tracer._marks(end, self.started)
                     row.span_start_ns = marks[0][1]
                     ends.append(tracer._offer(context, outcome, marks))
-            if self.tracers[0].shipper.totals.total:  # some span of this process was lost: publish each count
+            totals = self._totals  # some span of this process was lost: publish each count
+            if totals.refused or totals.failed or totals.unconfirmed:
                 for row, tracer in zip(rows, self.tracers, strict=True):
                     row.spans_dropped = tracer.counter.total
         except Exception:  # a tracing bug must never stop the group: count the round's spans as lost
@@ -726,6 +816,7 @@ def rank_observer(
     queue_spans: int = DEFAULT_QUEUE_SPANS,
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S,
     close_timeout_s: float = 2.0,
+    schedule_delay_s: float | None = None,
 ) -> RankRoundTracer:
     """Observer factory a rank process (or the simulator) loads as `control.telemetry.tracing:rank_observer`.
 
@@ -735,6 +826,8 @@ def rank_observer(
     if window_sample_rate is None:
         window_sample_rate = sample_rate
     config = ShipperConfig(max_queue_spans=queue_spans, export_timeout_s=export_timeout_s)
+    if schedule_delay_s is not None:  # None: the shipper's default batching delay
+        config = replace(config, schedule_delay_s=schedule_delay_s)
     shipper = shared_shipper(parse_otlp_endpoint(endpoint), config)
     key = (run_id, sample_rate, window_sample_rate)
     sampler = _rank_samplers.get(key)
