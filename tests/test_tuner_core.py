@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from prefill_gate.v1 import types_pb2 as pb
 from tuner.core import Tuner, TunerSettings
+from tuner.estimates import Window, facts_of
 from tuner.law import Intervals, Slo
 
 SLO = Slo(ttft_p99_s=2.0, itl_p99_s=0.2)
@@ -74,9 +75,11 @@ def test_one_change_in_flight_then_a_dwell_under_the_new_config():
     assert tuner.status.startswith("dwelling: the config in force since round 310")
     [(at, second)] = feed(tuner, range(409, 420), adopted)
     assert at == 410 and second.expected_epoch == 1
-    # The ITL p99 did not move (300 ms before and after): smaller windows did not help, so the other way.
+    # The ITL tail did not move (10% of tokens past the budget before and after, the p99 300 ms): smaller
+    # windows did not help, so the other way.
     assert second.target == Intervals(8, 64)
-    assert "it went 300 -> 300 ms after the last change toward smaller windows: the other way" in second.reason
+    went = "it went 10% -> 10% of decode tokens past the budget after the last change toward smaller windows"
+    assert f"{went}: the other way" in second.reason
     # Fewer extend rounds did not move it either: the intervals cannot fix it, and the tuner stops trying.
     tuner.settle(second)
     fewer = config(2, 8, 64, "tuner", second.reason)
@@ -121,9 +124,7 @@ def test_an_operators_change_is_respected_for_its_window_then_tuned_from():
     manual = config(1, 16, 64, "operator", "operator: A 8->16, K 32->64")
     assert feed(tuner, range(101, 1100), manual) == []  # 1000 rounds x 30 ms = 30 s: still respected
     assert tuner.pending is None  # the operator's epoch overtook the tuner's proposal
-    assert tuner.take_events()[-1] == (
-        "operator changed the config to A=16 K=64 at round 101: respecting it for 30 s"
-    )
+    assert tuner.take_events()[-1] == ("operator changed the config to A=16 K=64 at round 101: respecting it for 30 s")
     [(at, after)] = feed(tuner, range(1100, 1110), manual)
     assert after.expected_epoch == 1 and after.target == Intervals(8, 64) and at * ROUND_S >= 30.0
 
@@ -152,3 +153,24 @@ def test_a_stale_epoch_is_retried_against_the_config_that_won_unless_an_operator
     assert retried.reason.endswith("A 4->2")  # decided against what is in force now: nothing lost
     operator = config(2, 16, 64, "operator")
     assert tuner.retry(retried, operator) is None and tuner.pending is None
+
+
+def test_the_window_counts_each_tail_in_rounds_and_halves():
+    window = Window(60.0)
+    conf = config()
+    for r in range(100):
+        # Every 10th round has 10 of its 100 tokens past the 0.2 s budget; 3 first tokens past 2 s, late.
+        rec = record(r, conf, itl=0.3 if r % 10 == 0 else 0.1)
+        if r in (80, 90, 95):
+            rec.ttft_seconds[:] = [2.5]
+        window.add(facts_of(rec), len(rec.ranks))
+    est = window.estimates(ttft_budget_s=2.0, itl_budget_s=0.2)
+    itl = est.itl_tail
+    assert itl is not None and (itl.events, itl.early, itl.late) == (10, 5, 5)
+    assert itl.share == 0.01 and itl.allowed == 10.0  # 1% of the tokens: exactly what a p99 allows
+    assert not itl.breached(2.0)
+    ttft = est.ttft_tail
+    assert ttft is not None and (ttft.events, ttft.early, ttft.late, ttft.allowed) == (3, 0, 3, 1.0)
+    assert not ttft.breached(0.0)  # all in the second half: one burst, not a trend
+    assert est.extend_token_share == 0.0 and est.wanting_share == 0.0
+    assert window.estimates().itl_tail is None  # no budget asked: the p99 alone decides

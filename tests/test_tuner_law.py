@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.estimates import Estimates
-from tuner.law import FEWER, HOLD, OFF, Intervals, LawSettings, Memory, Slo, decide
+from tuner.estimates import Estimates, Tail
+from tuner.law import FEWER, HOLD, OFF, SMALLER, Intervals, LawSettings, Memory, Slo, decide
 
 SLO = Slo(ttft_p99_s=1.5, itl_p99_s=0.2)
 
@@ -178,3 +179,55 @@ def test_every_verdict_obeys_c2_and_moves_each_interval_at_most_2x(
     if now.enabled and target.enabled:
         for old, new in ((now.attempt, target.attempt), (now.any, target.any)):
             assert new <= max(old + 1, 2 * old) and new >= min(old - 1, math.ceil(old / 2))  # type: ignore[operator]
+
+
+def tail(share: float, events: int, early: int | None = None) -> Tail:
+    """A tail of `events` past the budget making `share` of the samples; 1% of them `allowed` (ITL rounds)."""
+    first = events // 2 if early is None else early
+    return Tail(share, events, events * 0.01 / share if share else 0.0, first, events - first)
+
+
+def test_a_p99_past_its_budget_within_the_noise_is_not_a_breach():
+    # 7 rounds past the budget where a 1% tail allows 5.8: inside 2 Poisson deviations; the p99 alone says 0.25 s.
+    noisy = est(itl_p99_s=0.25, itl_tail=tail(0.012, 7), extend_token_share=0.05)
+    verdict = decide(noisy, Intervals(8, 32), SLO)
+    assert verdict.target is None and verdict.reason.startswith("within the noise")
+    # Far past the allowance, in both halves of the window: the ITL rule acts.
+    assert decide(replace(noisy, itl_tail=tail(0.04, 20)), Intervals(8, 32), SLO).target == Intervals(4, 32)
+    # As many, all in one half (one burst): not a trend.
+    assert decide(replace(noisy, itl_tail=tail(0.04, 20, early=0)), Intervals(8, 32), SLO).target is None
+    # TTFT alike: 3 of 300 first tokens past 1.5 s is the 1% a p99 allows; 12 is a breach.
+    ttft = est(ttft_p99_s=1.8, ttft_tail=Tail(0.01, 3, 3.0, 1, 2))
+    assert decide(ttft, Intervals(8, 32), SLO).target is None
+    assert decide(replace(ttft, ttft_tail=Tail(0.04, 12, 3.0, 5, 7)), Intervals(8, 32), SLO).target == Intervals(8, 17)
+
+
+def test_itl_over_budget_with_few_tokens_waiting_an_extend_round_means_fewer_extend_rounds_first():
+    # One prompt's round would fit (100 ms), but only 1.5% of tokens wait an extend round: halving those
+    # rounds takes them out of the 1% tail, whatever their length.
+    over = est(itl_p99_s=0.25, ttft_p99_s=0.5, itl_tail=tail(0.015, 30), extend_token_share=0.015)
+    verdict = decide(over, Intervals(8, 32), SLO)
+    assert verdict.way == FEWER and verdict.target == Intervals(16, 36)
+    assert "1.5% of decode tokens waited an extend round: fewer extend rounds" in verdict.reason
+    # Slow tokens that are not the extend rounds' (2% past the budget, 1.5% waited one): the model decides.
+    assert decide(replace(over, itl_tail=tail(0.02, 30)), Intervals(8, 32), SLO).way == SMALLER
+
+
+def test_a_p99_tipped_within_the_noise_gathers_bursts_with_a_and_stops_when_that_did_not_help():
+    tipped = est(itl_p99_s=0.25, ttft_p99_s=0.5, itl_tail=tail(0.011, 4), extend_token_share=0.012)
+    verdict = decide(tipped, Intervals(8, 32), SLO)  # the ALL point opens (ready on 50% of rounds): A x2
+    assert verdict.target == Intervals(16, 32) and verdict.way == FEWER
+    assert verdict.reason.startswith("ITL p99 250 ms > 200 ms within the noise: 1.1% of decode tokens past it")
+    # The wait the TTFT target leaves bounds A: (1.2 - 1.0) / 0.041 = 4 rounds.
+    assert decide(replace(tipped, ttft_p99_s=1.0), Intervals(16, 32), SLO).target == Intervals(20, 32)
+    # The ALL point never opens: K, up to its room (16 + 17) but not past the TTFT target in rounds (1.2 s / 41 ms).
+    assert decide(replace(tipped, ready_share=0.0), Intervals(8, 16), SLO).target == Intervals(8, 29)
+    assert decide(tipped, Intervals(8, 32), SLO, memory=Memory(fewer_failed=True)).target is None
+
+
+def test_the_low_load_rule_leaves_bursts_an_all_point_that_never_opens_and_a_full_itl_tail_alone():
+    low = est(ready_share=0.05, itl_tail=tail(0.002, 2), extend_token_share=0.05, wanting_share=0.5)
+    assert decide(low, Intervals(8, 16), SLO).target == Intervals(4, 16)
+    assert decide(replace(low, wanting_share=0.08), Intervals(8, 16), SLO).target is None  # bursts
+    assert decide(replace(low, ready_share=0.0), Intervals(8, 16), SLO).target is None  # A costs nothing
+    assert decide(replace(low, itl_tail=tail(0.009, 4)), Intervals(8, 16), SLO).target is None  # no ITL room

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from prefill_gate.v1 import types_pb2 as pb
 from tuner.estimates import Estimates, Window, facts_of
-from tuner.law import FEWER, HOLD, SMALLER, Intervals, LawSettings, Memory, Slo, decide
+from tuner.law import FEWER, HOLD, SMALLER, Intervals, LawSettings, Memory, Slo, decide, itl_over, ttft_over
 
 TUNER = "tuner"
 LAUNCH = "launch"
@@ -32,6 +32,9 @@ LAUNCH = "launch"
 BROKE_MEMORY_S = 120.0
 # An ITL change that did not bring the p99 below this share of where it was counts as no help.
 HELPED = 0.97
+# A change toward fewer extend rounds made on a tail within the noise must cut the slow tokens by a quarter
+# (it halves the extend rounds at best), or the next one is not worth its TTFT: one burst needs one round.
+FEWER_HELPED = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +241,7 @@ class Tuner:
         if len(self.changes) >= s.max_changes_per_min:
             self.status = f"at the cap of {s.max_changes_per_min:g} changes per minute"
             return None
-        est = self.window.estimates()
+        est = self.window.estimates(self.slo.ttft_p99_s, self.slo.itl_p99_s)
         self.last_estimates = est
         full = est.span_s >= 0.9 * s.window_s  # a full window counts whatever its rounds (slow rounds)
         short = [
@@ -266,28 +269,35 @@ class Tuner:
             self.status = verdict.reason
             return None
         if verdict.way is not None and est.itl_p99_s is not None:
-            self._itl_change = (verdict.way, est.itl_p99_s, self._clock())
+            self._itl_change = (verdict.way, _itl_level(est), self._clock())
         self.pending = Proposal(verdict.target, config.epoch, f"{self.name}: {verdict.reason}", round_)
         return self.pending
 
     def _memory(self, est: Estimates, config: pb.GateConfig) -> Memory:
         """What earlier changes taught: which way answers ITL here, and a K not to grow back to."""
         clock = self._clock()
-        ttft, itl = est.ttft_p99_s or 0.0, est.itl_p99_s or 0.0
-        if config.enabled and (ttft > self.slo.ttft_p99_s or itl > self.slo.itl_p99_s):
+        law = self.settings.law
+        over_itl = itl_over(est, self.slo, law)
+        if config.enabled and (ttft_over(est, self.slo, law) or over_itl):
             k = config.any_interval
             if self._broke is None or clock - self._broke[1] > BROKE_MEMORY_S or k <= self._broke[0]:
                 self._broke = (k, clock)
         grow_below = self._broke[0] if self._broke and clock - self._broke[1] <= BROKE_MEMORY_S else None
-        if itl <= self.slo.itl_p99_s:
+        if not over_itl:
             self._itl_failed = set()
         held = self._itl_failed >= {SMALLER, FEWER}
         if held and self._itl_change is not None and clock - self._itl_change[2] > self.settings.hold_s:
             self._itl_failed, self._itl_change = set(), None  # held long enough: the model decides afresh
-        if self._itl_change is None or itl <= self.slo.itl_p99_s:
-            return Memory(grow_below=grow_below)
+        if self._itl_change is None or not over_itl:
+            fewer_failed = (
+                self._itl_change is not None
+                and self._itl_change[0] == FEWER
+                and _itl_level(est) >= FEWER_HELPED * self._itl_change[1]
+            )
+            return Memory(grow_below=grow_below, fewer_failed=fewer_failed)
         way, before, _ = self._itl_change
-        change = f"{before * 1e3:.0f} -> {itl * 1e3:.0f} ms after the last change toward {way}"
+        itl = _itl_level(est)
+        change = f"{_level_text(before, itl, est)} after the last change toward {way}"
         if itl < HELPED * before:
             self._itl_failed.discard(way)
             return Memory(way, f"it went {change}", grow_below)
@@ -296,3 +306,15 @@ class Tuner:
             return Memory(HOLD, f"it went {change}, and neither way moved it", grow_below)
         other = FEWER if way == SMALLER else SMALLER
         return Memory(other, f"it went {change}: the other way", grow_below)
+
+
+def _itl_level(est: Estimates) -> float:
+    """What an ITL change is judged by: the share of decode tokens past the budget when the window counted
+    it (it moves smoothly where the p99 jumps between a decode round and an extend round), else the p99."""
+    return est.itl_tail.share if est.itl_tail is not None else (est.itl_p99_s or 0.0)
+
+
+def _level_text(before: float, after: float, est: Estimates) -> str:
+    if est.itl_tail is not None:
+        return f"{before * 100:.2g}% -> {after * 100:.2g}% of decode tokens past the budget"
+    return f"{before * 1e3:.0f} -> {after * 1e3:.0f} ms"

@@ -7,6 +7,7 @@ needs per round (a few numbers and the round's latency samples), for the last `s
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -55,6 +56,33 @@ def facts_of(record: pb.RoundRecord) -> RoundFacts:
     )
 
 
+# The share of samples a p99 leaves above its bound.
+TAIL = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The samples of one percentile past its budget, over the window (a p99 allows `TAIL` of them).
+
+    - `share`: samples past the budget (first tokens; for ITL decode tokens, weighted like the p99);
+    - `events`: what they came in: first tokens, or for ITL the rounds whose gaps were past it (one slow
+      round delays every decoding sequence at once, so the tokens are not independent; the rounds are);
+    - `allowed`: the events the `TAIL` share would have made (for ITL: `events` scaled by TAIL / share);
+    - `early`, `late`: events in the first and in the second half of the window's span.
+    """
+
+    share: float
+    events: int
+    allowed: float
+    early: int
+    late: int
+
+    def breached(self, z: float) -> bool:
+        """Past the budget beyond the noise: more events than the tail allows by `z` Poisson standard
+        deviations, in both halves of the window (one burst is not a trend)."""
+        return self.events > self.allowed + z * math.sqrt(self.allowed) and self.early > 0 and self.late > 0
+
+
 @dataclass(frozen=True, slots=True)
 class Estimates:
     """The window in numbers. Latencies in seconds; None where the window holds no sample.
@@ -72,6 +100,11 @@ class Estimates:
       near 0 at low load, near 1 when every rank always has a prompt waiting.
     - `backlog_growth`: waiting prompts at the end of the window minus at its start (means of its last
       and first quarters): positive and large when the group cannot keep up.
+    - `ttft_tail`, `itl_tail`: the samples past the TTFT and ITL budgets (`Tail`); None when the window
+      was not asked about a budget (then the p99 alone says whether it is over).
+    - `extend_token_share`: decode tokens whose gap ended in an extend round, over all decode tokens: the
+      most that fewer extend rounds can take out of the ITL tail.
+    - `wanting_share`: busy rounds on which some rank wanted prefill; low when prompts come in bursts.
     """
 
     ranks: int
@@ -92,6 +125,10 @@ class Estimates:
     ready_share: float
     waiting_end: float
     backlog_growth: float
+    ttft_tail: Tail | None = None
+    itl_tail: Tail | None = None
+    extend_token_share: float | None = None
+    wanting_share: float | None = None
 
 
 class Window:
@@ -123,8 +160,8 @@ class Window:
         while self._rounds and facts.clock - self._rounds[0].clock > self.span_s:
             self._rounds.popleft()
 
-    def estimates(self) -> Estimates:
-        """The window's figures (see `Estimates`)."""
+    def estimates(self, ttft_budget_s: float | None = None, itl_budget_s: float | None = None) -> Estimates:
+        """The window's figures (see `Estimates`); the tails past the budgets given."""
         rounds = list(self._rounds)
         busy = [f for f in rounds if f.busy]
         decode = [f.seconds for f in busy if not f.extend]
@@ -156,7 +193,40 @@ class Window:
             ready_share=sum(1 for f in busy if f.ready and f.wanting) / len(busy) if busy else 0.0,
             waiting_end=_mean(f.waiting for f in tail),
             backlog_growth=_mean(f.waiting for f in tail) - _mean(f.waiting for f in head),
+            ttft_tail=_ttft_tail(rounds, ttft_budget_s) if ttft_budget_s is not None else None,
+            itl_tail=_itl_tail(rounds, itl_budget_s) if itl_budget_s is not None else None,
+            extend_token_share=_share(sum(n for f in rounds if f.extend for _, n in f.itl), itl),
+            wanting_share=sum(1 for f in busy if f.wanting) / len(busy) if busy else None,
         )
+
+
+def _share(part: int, itl: list[tuple[float, int]]) -> float | None:
+    total = sum(n for _, n in itl)
+    return part / total if total else None
+
+
+def _halves(rounds: list[RoundFacts], hit: list[int]) -> tuple[int, int]:
+    """Events (per round, `hit`) in the first and in the second half of the rounds' span."""
+    middle = (rounds[0].clock + rounds[-1].clock) / 2 if rounds else 0.0
+    early = sum(h for f, h in zip(rounds, hit, strict=True) if f.clock <= middle)
+    return early, sum(hit) - early
+
+
+def _ttft_tail(rounds: list[RoundFacts], budget: float) -> Tail:
+    hit = [sum(1 for s in f.ttft if s > budget) for f in rounds]
+    samples = sum(len(f.ttft) for f in rounds)
+    events = sum(hit)
+    return Tail(events / samples if samples else 0.0, events, TAIL * samples, *_halves(rounds, hit))
+
+
+def _itl_tail(rounds: list[RoundFacts], budget: float) -> Tail:
+    hit = [1 if any(s > budget for s, _ in f.itl) else 0 for f in rounds]
+    tokens = sum(n for f in rounds for _, n in f.itl)
+    slow = sum(n for f in rounds for s, n in f.itl if s > budget)
+    share = slow / tokens if tokens else 0.0
+    events = sum(hit)
+    allowed = events * TAIL / share if share > 0 else 0.0
+    return Tail(share, events, allowed, *_halves(rounds, hit))
 
 
 def _one_prompt_round(extending: list[RoundFacts], prompt: float | None) -> float | None:
