@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from control.host.controller import Controller
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
-# Sized for the harshest case, the in-process simulator (~2,000 rounds/s, every rank in one interpreter): half
-# the previous 0.01 (windows 0.05), which cost it +4.0% to +8.2% of its round rate in three paired runs where
-# this default cost +3.4% to +5.9% (bench/results/tracing.md). Still ~10 traced rounds a second there; an
-# engine with real forwards (tens of ms a round) can afford far higher rates.
+# Sized for the harshest case, the in-process simulator (~2,000 rounds/s, every rank in one interpreter):
+# +2.0% to +2.2% of its round rate in paired runs (bench/results/tracing.md, session 5), where the previous
+# 0.01 (windows 0.05) cost +4.0% to +8.2% on the code path of then. Still ~10 traced rounds a second there;
+# an engine with real forwards (tens of ms a round) can afford far higher rates.
 DEFAULT_SAMPLE_RATE = 0.005
 # Window-open rounds are up to a quarter of busy rounds at A=4: tracing each of them cost the simulator ~30%
 # of its round rate. At this rate they add at most ~0.5% of rounds to the ordinary 0.5%.
