@@ -530,7 +530,7 @@ def config_label(name: str) -> str:
     if name == PREVIOUS:
         return (
             f"default as before ({DEFAULT_SAMPLE_RATE:g}, windows {DEFAULT_WINDOW_SAMPLE_RATE:g}; the ranks deciding "
-            f"every rule, batches every {PREVIOUS_BATCH_S:g} s)"
+            f"every rule, batches every {PREVIOUS_BATCH_S:g} s; today's candidate check and span ids)"
         )
     if name == "rates 0":
         return "both rates 0 (nothing traced: decisions and hooks)"

@@ -127,6 +127,8 @@ def test_rounds_traced_only_for_a_watermark_crossing_have_covering_roots_and_say
     else:
         backend = SimBackend(args, workload, observer=observer, observer_kwargs=kwargs)
     controller = Controller(args, backend, run_id="watermark-only")
+    records = {}
+    controller.listeners.append(lambda record: records.__setitem__(record.round, record))
     assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=io.StringIO())) == 0
     assert getattr(backend, "rule_rounds_to_controller", False) is child
     spans = [(res, span) for res, span in receiver.spans() if span.name in ("round", "gate.round", "plan")]
@@ -135,8 +137,18 @@ def test_rounds_traced_only_for_a_watermark_crossing_have_covering_roots_and_say
     assert assert_roots_cover_their_trees(receiver.spans()) == len(roots)
     ranks = [(res, span) for res, span in spans if span.name == "gate.round"]
     assert len(ranks) == 2 * len(roots) and all(attrs(span)["gate.phases_timed"] is False for _, span in ranks)
-    # Each rank's span carries that rank's resource, whoever built it.
+    # Each rank's span carries that rank's resource and its own vote (from its row), whoever built it.
     assert {(res["prefill_gate.rank"], attrs(span)["gate.rank"]) for res, span in ranks} == {(0, 0), (1, 1)}
+    for _, span in ranks:
+        row = records[attrs(span)["gate.round"]].rows[attrs(span)["gate.rank"]]
+        assert (attrs(span)["gate.open"], attrs(span)["gate.counter"]) == (row.decision_open, row.decision_counter)
+    if child:  # built by the controller: one round long, between rank 0's record stamps of r - 1 and r
+        for root in roots:
+            r = attrs(root)["gate.round"]
+            if r - 1 in records:
+                assert root.end_time_unix_nano - root.start_time_unix_nano == (
+                    records[r].unix_nanos - records[r - 1].unix_nanos
+                )
     assert not [span for _, span in spans if span.name == "plan"]
 
 

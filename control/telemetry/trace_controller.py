@@ -95,7 +95,7 @@ class _PendingRoot:
     # The ranks' rows when only a rule picked the round and the ranks left such rounds to the controller
     # (`rank_rule_spans`): their `gate.round` spans are built here, as long as the root. Else None.
     ranks: tuple[Row, ...] | None = None
-    decision: tuple[object, bool, int, int | None] = (0, False, 0, None)  # point, open, counter, adopted
+    adopted_epoch: int | None = None
 
 
 class ControllerTracer:
@@ -164,7 +164,8 @@ class ControllerTracer:
 
     @property
     def dropped(self) -> int:
-        """Controller spans (roots and requests) that never reached the collector."""
+        """Controller spans (roots, requests, and the rank spans of rule-only rounds it built for a simulator
+        in its own process, `rank_rule_spans`) that never reached the collector."""
         return self.counter.total
 
     # -- inputs --------------------------------------------------------------------------------------
@@ -213,7 +214,8 @@ class ControllerTracer:
         if self._pending is not None:
             # No later round: the run is over, so every rank's span of it ended by now.
             pending, self._pending = self._pending, None
-            self._export_root(pending, max(pending.record_ns, self._stopped_ns or time.time_ns()))
+            end = pending.record_ns if pending.ranks is not None else self._stopped_ns or time.time_ns()
+            self._export_root(pending, max(pending.record_ns, end))
         self._emit_ready(force=True)
         now = time.time_ns()
         for trace in list(self._live.values()):
@@ -278,12 +280,17 @@ class ControllerTracer:
         ranks = None
         if self.rank_rule_spans and not rates_pick(self.sampler.timing(record.round), rows):
             ranks = rows  # only a rule picked it, and the ranks left those rounds to this tracer
-        decision = (record.point, record.open, record.counter, record.adopted_epoch)
         start = min(start, record.unix_nanos)
-        self._pending = _PendingRoot(context, attributes, start, record.unix_nanos, events, ranks, decision)
+        self._pending = _PendingRoot(context, attributes, start, record.unix_nanos, events, ranks, record.adopted_epoch)
 
     def _finish_root(self, pending: _PendingRoot, later: RoundRecord) -> None:
         """Export the pending root, ended by the latest rank's end of its round."""
+        if pending.ranks is not None:
+            # The ranks kept no marks of a round only a rule picked: rank 0's record stamps of the rounds
+            # before and of this one bound it (one round's length; the other ranks' last phases of this
+            # round fall after it, their last phases of the round before inside it).
+            self._export_root(pending, pending.record_ns)
+            return
         ends = [row.previous_span_end_ns for row in later.rows]
         if later.round == pending.context.round + 1 and all(ends):
             end = max(ends)
@@ -309,8 +316,10 @@ class ControllerTracer:
         if self.shipper.offer([span], self.producer, self.counter):
             self.roots += 1
         for row in pending.ranks or ():
+            # Each rank's own vote (a policy without DP attention decides per rank), from its row.
+            decision = (row.decision_point, row.decision_open, row.decision_counter, pending.adopted_epoch)
             rank_span = rank_round_span(
-                context, row, pending.decision, pending.start_ns, end_ns, phases_timed=False, parent_remote=False
+                context, row, decision, pending.start_ns, end_ns, phases_timed=False, parent_remote=False
             )
             self.shipper.offer([rank_span], self._rank_producer(row.rank), self.counter)
 

@@ -668,8 +668,9 @@ def rank_round_span(
     parent_remote: bool,
 ) -> SpanData:
     """One rank's `gate.round` span of a traced round, child of the round's root: what a reader of the
-    round needs, no more. `decision`: the round's (point, open, counter, adopted epoch), the same on
-    every rank (G1). Without `phases_timed` (a round picked after it ran: config, watermark) it says so."""
+    round needs, no more. `decision`: the rank's (point, open, counter) of the round and the epoch every
+    rank adopted after it. Without `phases_timed` (a round picked after it ran: config, watermark) it
+    says so."""
     point, allow_prefill, counter, adopted_epoch = decision
     attributes: dict[str, Any] = {
         "gate.rank": row.rank,
