@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner.estimates import TAIL, Estimates
+from tuner.estimates import TAIL, Estimates, Tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,19 +137,22 @@ class Verdict:
     way: str | None = None
 
 
-def ttft_over(est: Estimates, slo: Slo, law: LawSettings = LawSettings()) -> bool:
-    """TTFT over budget: the p99 past it, and (when the window counted them) more first tokens past it than
-    the 1% tail allows, beyond the noise and in both halves of the window."""
-    if est.ttft_p99_s is None or est.ttft_p99_s <= slo.ttft_p99_s:
+def _over(p99: float | None, budget: float, tail: Tail | None, law: LawSettings) -> bool:
+    """The p99 past its budget, and (when the window counted them) its tail past the noise (`Tail.breached`)."""
+    if p99 is None or p99 <= budget:
         return False
-    return est.ttft_tail is None or est.ttft_tail.breached(law.confidence)
+    return tail is None or tail.breached(law.confidence)
+
+
+def ttft_over(est: Estimates, slo: Slo, law: LawSettings = LawSettings()) -> bool:
+    """TTFT over budget: the p99 past it, and more first tokens past it than the 1% tail allows, beyond the
+    noise and in both halves of the window."""
+    return _over(est.ttft_p99_s, slo.ttft_p99_s, est.ttft_tail, law)
 
 
 def itl_over(est: Estimates, slo: Slo, law: LawSettings = LawSettings()) -> bool:
     """ITL over budget: as `ttft_over`, counting the rounds whose gaps were past the budget."""
-    if est.itl_p99_s is None or est.itl_p99_s <= slo.itl_p99_s:
-        return False
-    return est.itl_tail is None or est.itl_tail.breached(law.confidence)
+    return _over(est.itl_p99_s, slo.itl_p99_s, est.itl_tail, law)
 
 
 def decide(

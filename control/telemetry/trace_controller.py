@@ -92,10 +92,6 @@ class _PendingRoot:
     start_ns: int
     record_ns: int  # rank 0's record stamp: a floor for the end
     events: list[tuple[str, int, dict[str, object]]]  # the config adoption, when this round adopted one
-    # The ranks' rows when only a rule picked the round and the ranks left such rounds to the controller
-    # (`rank_rule_spans`): their `gate.round` spans are built here, as long as the root. Else None.
-    ranks: tuple[Row, ...] | None = None
-    adopted_epoch: int | None = None
 
 
 class ControllerTracer:
@@ -214,8 +210,7 @@ class ControllerTracer:
         if self._pending is not None:
             # No later round: the run is over, so every rank's span of it ended by now.
             pending, self._pending = self._pending, None
-            end = pending.record_ns if pending.ranks is not None else self._stopped_ns or time.time_ns()
-            self._export_root(pending, max(pending.record_ns, end))
+            self._export_root(pending, max(pending.record_ns, self._stopped_ns or time.time_ns()))
         self._emit_ready(force=True)
         now = time.time_ns()
         for trace in list(self._live.values()):
@@ -277,20 +272,18 @@ class ControllerTracer:
         if record.adopted_epoch:
             attributes["gate.adopted_epoch"] = record.adopted_epoch
         events = [self._adoption_event(record)] if record.adopted_epoch else []
-        ranks = None
+        pending = _PendingRoot(context, attributes, min(start, record.unix_nanos), record.unix_nanos, events)
         if self.rank_rule_spans and not rates_pick(self.sampler.timing(record.round), rows):
-            ranks = rows  # only a rule picked it, and the ranks left those rounds to this tracer
-        start = min(start, record.unix_nanos)
-        self._pending = _PendingRoot(context, attributes, start, record.unix_nanos, events, ranks, record.adopted_epoch)
+            # Only a rule picked it, and the ranks left such rounds to this tracer, keeping no marks of them:
+            # rank 0's record stamps of the round before and of this one bound it (one round's length; the
+            # other ranks' last phases of this round fall after it, of the round before inside it).
+            self._export_root(pending, record.unix_nanos)
+            self._export_rank_spans(context, rows, record.adopted_epoch, pending.start_ns, record.unix_nanos)
+            return
+        self._pending = pending
 
     def _finish_root(self, pending: _PendingRoot, later: RoundRecord) -> None:
         """Export the pending root, ended by the latest rank's end of its round."""
-        if pending.ranks is not None:
-            # The ranks kept no marks of a round only a rule picked: rank 0's record stamps of the rounds
-            # before and of this one bound it (one round's length; the other ranks' last phases of this
-            # round fall after it, their last phases of the round before inside it).
-            self._export_root(pending, pending.record_ns)
-            return
         ends = [row.previous_span_end_ns for row in later.rows]
         if later.round == pending.context.round + 1 and all(ends):
             end = max(ends)
@@ -315,11 +308,16 @@ class ControllerTracer:
         )
         if self.shipper.offer([span], self.producer, self.counter):
             self.roots += 1
-        for row in pending.ranks or ():
+
+    def _export_rank_spans(
+        self, context: RoundContext, rows: tuple[Row, ...], adopted_epoch: int | None, start_ns: int, end_ns: int
+    ) -> None:
+        """Each rank's untimed `gate.round` span of a round only a rule picked (`rank_rule_spans`)."""
+        for row in rows:
             # Each rank's own vote (a policy without DP attention decides per rank), from its row.
-            decision = (row.decision_point, row.decision_open, row.decision_counter, pending.adopted_epoch)
+            decision = (row.decision_point, row.decision_open, row.decision_counter, adopted_epoch)
             rank_span = rank_round_span(
-                context, row, decision, pending.start_ns, end_ns, phases_timed=False, parent_remote=False
+                context, row, decision, start_ns, end_ns, phases_timed=False, parent_remote=False
             )
             self.shipper.offer([rank_span], self._rank_producer(row.rank), self.counter)
 
