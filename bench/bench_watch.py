@@ -221,6 +221,8 @@ class Windows:
     rates: list[float]  # engine rounds/s
     shares: list[Share]  # where the engine's threads spent them
     others: list[float]  # CPU (in cores) other processes than this benchmark's took on the engine's CPUs
+    controller: list[float]  # CPU (in cores) of the controller's process, less the engine's thread in it
+    client: list[float]  # CPU (in cores) of the subscribers' client process
     delivered_per_s: float = 0.0  # records/s the subscribers received in all, while on
     messages_per_s: float = 0.0  # messages/s the server sent them in all, while on
     budget_dropped_per_s: float = 0.0  # records/s their queues dropped while they waited for the send budget
@@ -270,7 +272,8 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, budget
         engine_cpus = {0} if pin else cpus
         ours = server.engine_pids() if pin else [*server.engine_pids(), os.getpid(), client.pid or 0]
         await server.rate(5.0)  # the closed loop fills the batches; the client imports meanwhile
-        windows, shares, others = [], [], []
+        windows, shares, others, controller, subscribers = [], [], [], [], []
+        in_process = isinstance(server.controller.backend, SimBackend)  # the engine's thread is ours
         for _ in range(pairs):
             hub = server.controller.hub
             for shape in (None, *SHAPES):
@@ -280,9 +283,14 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, budget
                     await switch(f"on {shape[0]}")
                     await asyncio.sleep(0.3)  # the streams are open and flowing
                 busy_before, ours_before = cpu_busy_s(engine_cpus), processes_cpu_s(ours)
+                split_before = processes_cpu_s([os.getpid()]), processes_cpu_s([client.pid or 0])
                 window, share = await server.window(window_s)
                 busy = cpu_busy_s(engine_cpus) - busy_before
-                others.append(max(0.0, busy - (processes_cpu_s(ours) - ours_before)) / window_s)
+                wall_s = (window[1] - window[0]) / 1e9  # the loop may wake late: the window's own length
+                others.append(max(0.0, busy - (processes_cpu_s(ours) - ours_before)) / wall_s)
+                controller_s = processes_cpu_s([os.getpid()]) - split_before[0]
+                controller.append(max(0.0, controller_s / wall_s - (share.running if in_process else 0.0)))
+                subscribers.append((processes_cpu_s([client.pid or 0]) - split_before[1]) / wall_s)
                 windows.append(window)
                 shares.append(share)
                 if shape:
@@ -297,7 +305,13 @@ async def engine_cost(home: str, ranks: int, pairs: int, window_s: float, budget
     step = len(SHAPES) + 1
 
     def of(index: int, shape: Shape | None = None) -> Windows:
-        windows = Windows(rates[index::step], shares[index::step], others[index::step])
+        windows = Windows(
+            rates[index::step],
+            shares[index::step],
+            others[index::step],
+            controller[index::step],
+            subscribers[index::step],
+        )
         if shape is not None:
             on_s = pairs * (window_s + 0.3)
             windows.delivered_per_s = delivered[shape] / on_s
@@ -507,6 +521,18 @@ async def main(ns: argparse.Namespace) -> str:
         f"| {SUBSCRIBERS}, one per message, no budget | others: 0 / one per message / batches / no budget (cores) |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    cpu_lines = [
+        "",
+        "CPU the control plane took in the same windows, in cores (from `/proc/<pid>/stat`): the controller's "
+        "process (the gRPC server, the hand-off from the engine, the hub; less the simulator's thread in the "
+        f"`thread` home) + the {SUBSCRIBERS} subscribers' client process. Pinned, all of it runs on CPU 1, the "
+        "engine's neighbour: `bench/results/neighbour.md` measures what a busy neighbour CPU costs the engine on "
+        "this machine whatever it runs.",
+        "",
+        f"| engine | 0 subscribers | {SUBSCRIBERS}, one record per message | {SUBSCRIBERS}, batches of up to {BATCH} "
+        f"| {SUBSCRIBERS}, one per message, no budget |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     shape_labels = {
         (1, True): "one record per message, budget",
         (BATCH, True): f"batches (up to {BATCH}), budget",
@@ -529,7 +555,9 @@ async def main(ns: argparse.Namespace) -> str:
         others = " / ".join(f"{statistics.mean(w.others):.2f}" for w in configs)
         share_lines.append(f"| {label} | {' | '.join(Share.mean(w.shares).cell() for w in configs)} | {others} |")
         print(share_lines[-1], flush=True)
-    lines += share_lines
+        cpu_lines.append(f"| {label} | {' | '.join(cpu_cell(w) for w in configs)} |")
+        print(cpu_lines[-1], flush=True)
+    lines += share_lines + cpu_lines
     lines += [
         "",
         f"## 2. A reader sleeping {NAP_S:g} s between messages for {ns.fresh_s:g} s",
@@ -549,6 +577,12 @@ async def main(ns: argparse.Namespace) -> str:
     lines += [freshness_row(f) for f in await freshness(ns.ranks, ns.fresh_s)]
     lines += ["", *NOTES]
     return "\n".join(lines) + "\n"
+
+
+def cpu_cell(windows: Windows) -> str:
+    """Mean cores of the controller + the client = their sum, in one configuration's windows."""
+    controller, client = statistics.mean(windows.controller), statistics.mean(windows.client)
+    return f"{controller:.2f} + {client:.2f} = {controller + client:.2f}"
 
 
 NOTES = [
@@ -575,6 +609,13 @@ NOTES = [
     "  each and drop the rest as a slow reader would (`dropped_before` tells; the last column counts them),",
     "  while batched subscribers stay below it and receive every round. The `no budget` row is the server",
     "  before the budget, in the same run.",
+    "- The control plane's CPU table is what lands on the engine's neighbour CPU when pinned. On this virtual",
+    "  machine the two CPUs share hardware: `bench/results/neighbour.md` measures that a process sharing",
+    "  nothing with the engine, busy on the other CPU, costs it 23-34% of its rate (its own CPU per round",
+    "  rises). So a configuration whose controller + client take X more cores than without subscribers costs",
+    "  the engine roughly a quarter of X here, whatever the control plane does with those cores; the",
+    "  subscribers' own client process alone (a stand-in for clients that a deployment runs elsewhere)",
+    "  counts in X.",
     "- The engine never waits for a subscriber: a subscriber's bounded queue drops what it cannot take and",
     "  counts it; the server writes a record only once the previous write completed, so at most one record per",
     "  stream waits beyond the client's receive window.",

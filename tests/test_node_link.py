@@ -273,3 +273,30 @@ def test_every_event_and_command_type_has_a_wire_form():  # a new engine type fa
     assert set(typing.get_args(Command)) == set(commands)
     for command in commands.values():
         assert command_from_pb(command_to_pb(0, command)) == (0, command)
+
+
+async def test_an_agent_whose_link_node_0_cuts_says_it_lost_the_link():
+    # Node 0 hangs up without ending the run (its controller died): the agent's run is over, and says why.
+    args = sim_args(dp_size=4)
+    layout = NodeLayout.even(4, 2, 1)
+    server, service, target = await start_agent(args, layout, token=None)
+    hung_up = asyncio.Event()
+
+    async def commands():
+        yield pb.NodeCommand(hello=hello_for(args, layout, 1))
+        await hung_up.wait()
+
+    channel = grpc.aio.insecure_channel(target)
+    try:
+        call = nodes_pb2_grpc.NodeAgentStub(channel).Link(commands())
+        assert (await call.read()).WhichOneof("report") == "hello"
+        await asyncio.sleep(0.2)
+        assert not service.done.done()
+        call.cancel()
+        hung_up.set()
+        outcome = await asyncio.wait_for(asyncio.shield(service.done), 10)
+        assert outcome is not None and outcome.startswith("lost the link to node 0")
+    finally:
+        await channel.close()
+        await server.stop(0)
+        service.driver.terminate()

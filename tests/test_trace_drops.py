@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -336,3 +337,40 @@ def test_a_simulator_process_s_refused_spans_are_all_in_the_run_s_final_count(re
     assert status.ranks_final and status.spans_dropped_by_ranks > 0 and rank_spans, out.getvalue()
     assert len(rank_spans) + status.spans_dropped_by_ranks == len(records) * 2 * 4
     assert status.spans_dropped == status.spans_dropped_by_ranks  # the controller's own spans all arrived
+
+
+@pytest.mark.parametrize("collector", ["never up", "hung"])
+def test_a_simulator_process_s_final_counts_are_final_whatever_the_collector_did(receiver, monkeypatch, collector):
+    # Session 6: a short traced run against a collector that was never up ended "ranks 0, not final": the
+    # simulator's process flushed for 2 s while its exporter retried for 5 s, so it reported no final count.
+    # That process ends with the run, as a rank process does: it closes its observers (what is still queued
+    # counts as refused, an export in flight as unconfirmed) and its counts are final, with every rank span
+    # of every round either at the collector or in them.
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    if collector == "hung":
+        endpoint = receiver.endpoint
+        receiver.hang()
+    else:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            endpoint = f"127.0.0.1:{probe.getsockname()[1]}"
+    ns = telemetry_ns("--otlp-endpoint", endpoint, "--trace-sample-rate", "1.0", "--no-otlp-metrics")
+    ns.pace, ns.processes, ns.no_progress = None, False, True
+    args = sim_args(dp_size=2, prefill_attempt_interval=2, prefill_any_attempt_interval=6)
+    run_id = f"child-final-{collector.replace(' ', '-')}"
+    observer, kwargs = rank_observer_spec(ns, run_id, args.dp_size)  # type: ignore[misc]
+    workload = Workload(ClosedLoop(4), dp_size=2, prompt=Fixed(100), output=Fixed(30), limit=8, seed=1)
+    controller = Controller(args, SimProcessBackend(args, workload, observer=observer, observer_kwargs=kwargs))
+    records = []
+    controller.listeners.append(records.append)
+    out = io.StringIO()
+    try:
+        assert asyncio.run(run_serve(controller, ns, [attach_telemetry], out=out)) == 0
+    finally:
+        receiver.resume()
+    status = trace_status(controller)
+    delivered = [span for _, span in receiver.spans() if span.name in ("gate.round", "plan", "all-gather", "forward")]
+    assert status.ranks_final and "not final" not in out.getvalue(), out.getvalue()
+    assert status.spans_dropped_by_ranks == len(records) * 2 * 4 > 0  # none acknowledged: all counted
+    if collector == "never up":
+        assert delivered == []  # (a hung collector may hold some: counted as unconfirmed, as they are)

@@ -115,8 +115,12 @@ class SimBackend:
         observer_kwargs: dict[str, Any] | None = None,
         record_queue_size: int = 8192,
         sink: Callable[[Polled], None] | None = None,
+        owns_observers: bool = False,
     ) -> None:
         self.args = args
+        # The process ends with the run (sim_child.py): the last round closes the rank observers, as a rank
+        # process does, so their counts are final even when the collector never answered.
+        self.owns_observers = owns_observers
         self.dp_size = args.dp_size
         self.driver = LockstepDriver(args, engine_factory)
         if observer:  # the same "module:function" factory rank processes load
@@ -221,11 +225,18 @@ class SimBackend:
             self._put(Polled(stopped=True))
 
     def _observers_final(self) -> dict[int, int] | None:
-        """After the last round, as a rank process does: drain the rank observers' exports (bounded), then
-        their counts are final; None when some export is still unanswered (then they are not)."""
+        """After the last round: drain the rank observers' exports (bounded), then their counts are final;
+        None when some export is still unanswered (then they are not). Observers this backend owns are
+        closed instead (bounded: what is still queued counts as refused, an export in flight as
+        unconfirmed), so their counts are always final."""
         observers = [e.observer for e in self.driver.engines if e.observer is not None]
-        flushes = [getattr(o, "flush", None) for o in observers]
-        if not observers or not all(flush is not None and flush() for flush in flushes):
+        ends = [getattr(o, "close" if self.owns_observers else "flush", None) for o in observers]
+        if not observers or any(end is None for end in ends):
+            return None
+        if self.owns_observers:
+            for close in ends:
+                close()  # type: ignore[misc]
+        elif not all(flush() for flush in ends):  # type: ignore[misc]
             return None
         return self.observer_dropped
 

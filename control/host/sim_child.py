@@ -154,6 +154,7 @@ def _child_main(spec: _ChildSpec, commands: Any, out: Any, received: Any) -> Non
             observer_kwargs=spec.observer_kwargs,
             record_queue_size=2**62,  # the bound is the forwarder's, on records in flight to the controller
             sink=lambda polled: forwarder(polled),  # type: ignore[misc]
+            owns_observers=True,
         )
         forwarder = _Forwarder(backend, out, received, spec.record_queue_size)
         threading.Thread(target=_relay_commands, args=(backend, commands), name="sim-commands", daemon=True).start()

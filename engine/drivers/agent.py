@@ -84,13 +84,19 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
             self.finish(f"refused {self.layout.controller}'s link: {refused}")
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused)
         self.linked = True
+        # However the call ends, node 0's side of the run is over. The handler's own checks below do not
+        # see every end: after `kill -9` of node 0 the connection was gone while the handler no longer ran
+        # (suspended where gRPC's cancellation does not reach it), and the agent waited for its 20 s
+        # silent-link fallback. The first word counts: a clean end has settled `done` already.
+        loop = asyncio.get_running_loop()
+        lost = f"lost the link to {self.layout.controller} (its controller died or the network failed)"
+        context.add_done_callback(lambda _: loop.call_soon_threadsafe(self.finish, lost))
         yield pb.NodeReport(
             hello=pb.AgentHello(
                 node=self.layout.node, ranks=self.layout.ranks, hostname=socket.gethostname(), pid=os.getpid()
             )
         )
         reader = asyncio.create_task(self._read(request_iterator))
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 messages = await loop.run_in_executor(None, self.driver.poll_events, self.poll_s)
@@ -103,12 +109,10 @@ class NodeAgentService(nodes_pb2_grpc.NodeAgentServicer):
                 if self.done.done():  # ended on this node (Ctrl-C, or its ranks gone): node 0 hears why
                     await context.abort(grpc.StatusCode.ABORTED, str(self.done.result()))
                 if context.done():  # node 0 hung up without a word
-                    self.finish(
-                        f"lost the link to {self.layout.controller} (its controller died or the network failed)"
-                    )
+                    self.finish(lost)
                     return
         except asyncio.CancelledError:
-            self.finish(f"lost the link to {self.layout.controller} (its controller died or the network failed)")
+            self.finish(lost)
             raise
         finally:
             reader.cancel()
