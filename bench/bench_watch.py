@@ -19,6 +19,8 @@ and the engine in one of three homes, measured side by side in one run:
 
     .venv/bin/python -m bench.bench_watch            # prints and writes bench/results/watch.md
     .venv/bin/python -m bench.bench_watch --quick    # a smoke run (short windows), not written
+    .venv/bin/python -m bench.bench_watch --only-pinned --homes child ranks --pairs 24 --window 1.5 \
+        --fresh-s 20 --out bench/results/watch_pinned.md   # the engine on a CPU of its own, more window sets
 """
 
 from __future__ import annotations
@@ -504,8 +506,8 @@ async def main(ns: argparse.Namespace) -> str:
         "messages/s sent | records/s dropped by the budget |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    runs = [(home, False) for home in ns.homes]
-    if ns.pin and (os.cpu_count() or 1) >= 2:
+    runs = [] if ns.only_pinned else [(home, False) for home in ns.homes]
+    if (ns.pin or ns.only_pinned) and (os.cpu_count() or 1) >= 2:
         runs += [(home, True) for home in ns.homes if home != "thread"]  # one process: nothing to pin
     share_lines = [
         "",
@@ -641,6 +643,9 @@ def cli() -> int:
     parser.add_argument("--fresh-s", type=float, default=60.0, help="seconds each sleeping reader reads")
     parser.add_argument("--homes", nargs="+", choices=tuple(HOMES), default=list(HOMES), help="engine homes")
     parser.add_argument("--pin", action="store_true", help="also measure with the engine on a CPU of its own")
+    parser.add_argument(
+        "--only-pinned", action="store_true", help="measure only with the engine on a CPU of its own (more window sets)"
+    )
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run; not written)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the report goes")
     ns = parser.parse_args()
