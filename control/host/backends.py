@@ -230,13 +230,11 @@ class SimBackend:
         closed instead (bounded: what is still queued counts as refused, an export in flight as
         unconfirmed), so their counts are always final."""
         observers = [e.observer for e in self.driver.engines if e.observer is not None]
-        ends = [getattr(o, "close" if self.owns_observers else "flush", None) for o in observers]
-        if not observers or any(end is None for end in ends):
+        end = "close" if self.owns_observers else "flush"
+        if not observers or not all(hasattr(o, end) for o in observers):
             return None
-        if self.owns_observers:
-            for close in ends:
-                close()  # type: ignore[misc]
-        elif not all(flush() for flush in ends):  # type: ignore[misc]
+        drained = [getattr(o, end)() for o in observers]  # a close returns nothing: its counts are final
+        if not self.owns_observers and not all(drained):
             return None
         return self.observer_dropped
 
