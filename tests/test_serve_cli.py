@@ -198,28 +198,26 @@ def test_calibrate_refuses_too_few_rounds():
 
 def test_a_second_ctrl_c_stops_at_once():
     proc = subprocess.Popen(
-        # Paced and busy: the simulator thread sleeps between rounds when the second signal closes it.
+        # Paced slowly (a round takes ~0.5 s of wall time), so the second signal comes before the agreed
+        # stop round: two signals sent back to back may reach the process as one.
         [
             *SERVE,
-            "--executor",
-            "sim",
-            "--dp-size",
-            "2",
-            "--enable-dp-attention",
-            "--pace",
-            "1",
-            "--keep-serving",
-            "--requests",
-            "0",
-            "--rate",
-            "50",
+            *("--executor", "sim", "--dp-size", "2", "--enable-dp-attention", "--pace", "0.05"),
+            *("--keep-serving", "--requests", "0", "--rate", "50"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert "round" in proc.stdout.readline() + proc.stdout.readline()  # the plane's address, then progress
+    seen = [proc.stdout.readline(), proc.stdout.readline()]
+    assert "round" in "".join(seen)  # the plane's address, then progress
     proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGINT)  # before the agreed stop round: kill, do not wait for it
+    while "stopping" not in seen[-1]:  # the first signal was handled: the agreed stop is on its way
+        seen.append(proc.stdout.readline())
+        assert seen[-1], "serve ended before it said it was stopping"
+    proc.send_signal(signal.SIGINT)  # kill, do not wait for the agreed stop round
     out, err = proc.communicate(timeout=30)
-    assert "stopping" in out and "Traceback" not in err
+    assert "Traceback" not in err
+    # A kill is no clean stop: the run says so and ends non-zero, every request still accounted for.
+    assert proc.returncode == 1 and "error: the engine was killed without an agreed stop" in err, err
+    assert "summary" in out and "cut off" in out

@@ -329,6 +329,9 @@ async def run_serve(
                 loop.remove_signal_handler(sig)
     summary = format_summary(controller.summary(), controller.args.executor == "sim", trace_status(controller))
     print("\n" + summary, file=out, flush=True)
+    if controller.failure:  # a kill (a second Ctrl-C) is no agreed stop: what it cut off is not a success
+        print(f"\nerror: {controller.failure}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
