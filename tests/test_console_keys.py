@@ -213,7 +213,10 @@ async def test_history_heatmap_and_clicks_that_move_in_time() -> None:
         await pilot.press("m", "m", "h")
         assert app.query_one(RankGrid).display
 
-        # a click on the timeline shows that round; one on the heatmap too
+        # a click on the timeline shows that round; one on the heatmap too. The click lands where the
+        # widget is after layout: let the grid's return settle first (a fresh clone's loaded run once
+        # waited 60 s for a click that never reached the timeline).
+        await settled(app, pilot)
         timeline = app.query_one(Timeline)
         await pilot.click(Timeline, offset=(timeline.size.width - 3, 1))
         await until(pilot, lambda: app.state.paused, "the click on the timeline handled")
